@@ -1,0 +1,5 @@
+import sys
+
+from sluice.cli import main
+
+sys.exit(main())

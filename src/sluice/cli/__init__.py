@@ -1,0 +1,51 @@
+"""Command-line entry point: ``sluice <command> ...``.
+
+Each sub-command lives in its own module with a ``register(subparsers)`` function. Errors a user can
+cause (:class:`sluice.errors.SluiceError`) are printed without a traceback and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rich.console import Console
+
+from sluice import __version__
+from sluice.errors import SluiceError
+
+from . import run as _run
+
+_COMMANDS = [_run]
+try:  # optional sub-commands added by other packages of Sluice
+    from . import split as _split
+
+    _COMMANDS.append(_split)
+except ImportError:  # pragma: no cover - only while a sub-command is absent
+    pass
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sluice", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"sluice {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in _COMMANDS:
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except SluiceError as exc:
+        Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False)
+        return 2
+    except KeyboardInterrupt:
+        Console(stderr=True).print("[yellow]interrupted[/]")
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""Run directories: resolved config, one metrics line per iteration, a summary and plots.
+
+Files are written to a temporary name and renamed, so an interrupted run never leaves a half-written
+``summary.json`` or ``config.toml`` behind; ``metrics.jsonl`` is appended and flushed line by line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _toml_ready(obj: Any) -> Any:
+    """TOML has no null: drop ``None`` values recursively."""
+    if isinstance(obj, dict):
+        return {k: _toml_ready(v) for k, v in obj.items() if v is not None}
+    if isinstance(obj, list | tuple):
+        return [_toml_ready(v) for v in obj]
+    return obj
+
+
+class RunDir:
+    """A directory holding everything one run produced."""
+
+    def __init__(self, path: str | Path | None, prefix: str = "run") -> None:
+        if path is None:
+            path = Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
+            i = 1
+            base = path
+            while path.exists():
+                path = base.with_name(f"{base.name}-{i}")
+                i += 1
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._metrics = open(self.path / "metrics.jsonl", "w", encoding="utf-8")  # noqa: SIM115
+
+    def write_config(self, config: dict[str, Any]) -> None:
+        _atomic_write(self.path / "config.toml", tomli_w.dumps(_toml_ready(config)).encode())
+
+    def log(self, record: dict[str, Any]) -> None:
+        self._metrics.write(json.dumps(record) + "\n")
+        self._metrics.flush()
+
+    def write_json(self, name: str, obj: Any) -> Path:
+        path = self.path / name
+        _atomic_write(path, (json.dumps(obj, indent=2, default=str) + "\n").encode())
+        return path
+
+    def close(self) -> None:
+        if not self._metrics.closed:
+            self._metrics.close()
+
+    def __enter__(self) -> RunDir:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """Read a ``metrics.jsonl`` file back as a list of records."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
