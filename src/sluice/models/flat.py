@@ -1,0 +1,42 @@
+"""View a model's parameters as one flat float32 vector ``theta`` of length ``d = num_params(model)``.
+
+The layout is ``theta = concat(p.reshape(-1) for p in model.parameters())``, so ``set_flat(m, get_flat(m))``
+leaves ``m`` unchanged and index ``i`` of every vector names the same scalar weight on every party.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+
+def num_params(model: nn.Module) -> int:
+    """Return ``d = sum(p.numel() for p in model.parameters())``."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def get_flat(model: nn.Module) -> np.ndarray:
+    """Return a float32 copy of all parameters concatenated in ``parameters()`` order, shape ``(d,)``."""
+    params = [p.detach().reshape(-1).to(device="cpu", dtype=torch.float32) for p in model.parameters()]
+    if not params:
+        return np.zeros(0, dtype=np.float32)
+    return torch.cat(params).numpy().copy()
+
+
+def set_flat(model: nn.Module, vec: np.ndarray) -> None:
+    """Overwrite the parameters with ``vec`` (the inverse of :func:`get_flat`), in place.
+
+    Raises ``ValueError`` when ``vec`` is not 1-D or its length is not ``num_params(model)``.
+    """
+    arr = np.asarray(vec)
+    d = num_params(model)
+    if arr.ndim != 1 or arr.shape[0] != d:
+        raise ValueError(f"flat parameter vector must have shape ({d},), got {arr.shape}")
+    src = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32))
+    offset = 0
+    with torch.no_grad():
+        for p in model.parameters():
+            n = p.numel()
+            p.copy_(src[offset : offset + n].view_as(p))
+            offset += n
