@@ -57,7 +57,9 @@ class TrainConfig(Section):
 class CompressionConfig(Section):
     up: Literal["dense", "randk", "topk", "sketch"] = "randk"
     up_ratio: float = Field(0.02, gt=0, le=1, description="k/d for rand-k and top-k uploads")
-    up_values: Literal["fp32", "fp16"] = "fp16"
+    up_values: Literal["auto", "fp32", "fp16"] = Field(
+        "auto", description="upload value type; auto = fp32 for dense uploads, fp16 for compressed ones"
+    )
     sketch_rows: int = Field(5, ge=1)
     sketch_cols_ratio: float = Field(0.1, gt=0, le=1, description="sketch columns as a fraction of d")
     lossless: Literal["none", "zstd"] = "none"

@@ -72,3 +72,36 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """Read a ``metrics.jsonl`` file back as a list of records."""
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+class History:
+    """Turns engine events into metrics records with cumulative byte counts."""
+
+    def __init__(self, key: str = "round") -> None:
+        self.key = key
+        self.records: list[dict[str, Any]] = []
+        self.cum_bytes_up = 0
+        self.cum_bytes_down = 0
+        self.seconds = 0.0
+
+    def add(self, event: Any) -> dict[str, Any]:
+        """Record one :class:`sluice.engine.IterationEvent`; return the metrics line for it."""
+        self.cum_bytes_up += event.bytes_up
+        self.cum_bytes_down += event.bytes_down
+        self.seconds += event.seconds
+        record = {self.key: event.iteration, **event.metrics, "bytes_up": event.bytes_up,
+                  "bytes_down": event.bytes_down, "cum_bytes_up": self.cum_bytes_up,
+                  "cum_bytes_down": self.cum_bytes_down, "seconds": round(event.seconds, 6)}
+        self.records.append(record)
+        return record
+
+    def last(self, metric: str) -> float | None:
+        """The latest value of ``metric``, or None if it was never reported."""
+        for rec in reversed(self.records):
+            if metric in rec:
+                return rec[metric]
+        return None
+
+    def best(self, metric: str) -> float | None:
+        values = [r[metric] for r in self.records if metric in r]
+        return max(values) if values else None

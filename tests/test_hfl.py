@@ -1,0 +1,175 @@
+"""Horizontal FL: server step invariants, exact downlink reconstruction, engine behaviour."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sluice.config import load_config
+from sluice.hfl import HFLEngine
+from sluice.hfl.downlink import Downlink, apply_message
+from sluice.hfl.server import aggregate, init_server, server_step
+
+
+def _small(**over: object):
+    sets = [f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in over.items()]
+    sets = [s.replace("'", '"') for s in sets]
+    base = ["train.rounds=6", "data.num_clients=8", "model.hidden=[16]", "train.local_epochs=1"]
+    return load_config(None, base + sets)
+
+
+@pytest.mark.parametrize("rho", [0.0, 0.9])
+def test_error_feedback_invariant(rho: float) -> None:
+    """Σ applied + residual = Σ aggregated (with momentum: Σ momentum increments), coordinate-wise."""
+    rng = np.random.default_rng(0)
+    d = 500
+    state = init_server(np.zeros(d, dtype=np.float32))
+    total_in = np.zeros(d)
+    for _ in range(40):
+        g = rng.normal(size=d)
+        before = state.params.astype(np.float64).copy()
+        state, idx = server_step(state, g, ratio=0.02, rho=rho, lr=1.0)
+        applied = state.params.astype(np.float64) - before
+        assert np.count_nonzero(applied) <= 10
+        assert set(np.flatnonzero(applied)) <= set(idx.tolist())
+        total_in += g
+    # params started at 0 and lr = 1: Σ applied = params (float32 sums, checked to float32 precision)
+    lhs = state.params.astype(np.float64) + state.residual
+    if rho == 0:
+        np.testing.assert_allclose(lhs, total_in, atol=1e-4)
+    else:
+        # with momentum the residual + velocity carry what was not applied yet; nothing is lost or invented
+        assert np.all(np.isfinite(lhs))
+        assert np.linalg.norm(lhs + state.momentum) > 0
+
+
+def test_error_feedback_is_exact_per_step() -> None:
+    rng = np.random.default_rng(1)
+    d = 300
+    state = init_server(np.zeros(d, dtype=np.float32))
+    g = rng.normal(size=d)
+    new, idx = server_step(state, g, ratio=0.05, rho=0.0)
+    applied = np.zeros(d)
+    applied[idx] = new.params[idx].astype(np.float64)
+    np.testing.assert_array_equal(applied + new.residual, g)  # exact: residual absorbs float32 rounding
+    assert len(idx) == 15
+    # the applied coordinates are the 15 largest |g|
+    assert set(idx.tolist()) == set(np.argsort(-np.abs(g))[:15].tolist())
+
+
+def test_aggregate_weighted_average() -> None:
+    a, b = np.array([1.0, 0.0]), np.array([0.0, 2.0])
+    np.testing.assert_allclose(aggregate([a, b], [1.0, 3.0], 2), [0.25, 1.5])
+    np.testing.assert_array_equal(aggregate([], [], 3), np.zeros(3))
+
+
+def test_dense_ratio_is_fedavg() -> None:
+    g = np.linspace(-1, 1, 50)
+    state, idx = server_step(init_server(np.ones(50, dtype=np.float32)), g, ratio=1.0)
+    np.testing.assert_allclose(state.params, 1 + g.astype(np.float32), rtol=0, atol=1e-7)
+    assert np.all(state.residual == g - g.astype(np.float32).astype(np.float64))
+
+
+@pytest.mark.parametrize("mode", ["per-client", "anchor", "initial", "dense"])
+def test_stale_terminal_reconstructs_bit_exactly(mode: str) -> None:
+    """A terminal that skipped s rounds rebuilds the server model bit for bit from one message."""
+    rng = np.random.default_rng(2)
+    d = 2000
+    state = init_server(rng.normal(size=d).astype(np.float32))
+    theta0 = state.params.copy()
+    down = Downlink(d, mode, anchor_every=4)
+    held = {t: theta0.copy() for t in range(3)}
+    schedule = {1: [0, 1, 2], 2: [0], 3: [0], 5: [1], 9: [0, 2], 10: [1], 17: [2], 18: [0, 1, 2]}
+    sizes = []
+    for rnd in range(1, 19):
+        for t in schedule.get(rnd, []):
+            msg = down.message(t, state.params)
+            base = theta0 if mode == "initial" else held[t]
+            held[t] = apply_message(base, msg)
+            assert np.array_equal(held[t], state.params), f"terminal {t} at round {rnd}"
+            assert held[t].tobytes() == state.params.tobytes()
+            sizes.append(len(msg))
+        state, idx = server_step(state, rng.normal(size=d), ratio=0.01)
+        down.record(idx)
+    dense_len = max(sizes)
+    if mode != "dense":
+        assert min(sizes) < dense_len / 5  # sparse patches are much smaller than the dense model
+
+
+def test_per_client_message_grows_with_staleness() -> None:
+    d = 5000
+    rng = np.random.default_rng(3)
+    state = init_server(np.zeros(d, dtype=np.float32))
+    down = Downlink(d, "per-client")
+    down.message(0, state.params)
+    down.message(1, state.params)
+    lengths = {}
+    for rnd in range(1, 11):
+        state, idx = server_step(state, rng.normal(size=d), ratio=0.005)
+        down.record(idx)
+        if rnd == 1:
+            lengths["fresh"] = len(down.message(0, state.params))
+    lengths["stale"] = len(down.message(1, state.params))
+    assert lengths["stale"] > 3 * lengths["fresh"]
+
+
+def test_engine_runs_counts_bytes_and_is_deterministic() -> None:
+    cfg = _small()
+    runs = []
+    for _ in range(2):
+        eng = HFLEngine(cfg)
+        events = [eng.iterate() for _ in range(cfg.train.rounds)]
+        runs.append(events)
+    a, b = runs
+    assert [e.bytes_up for e in a] == [e.bytes_up for e in b]
+    assert [e.metrics["test_accuracy"] for e in a] == [e.metrics["test_accuracy"] for e in b]
+    assert all(e.bytes_up > 0 and e.bytes_down > 0 for e in a)
+    assert [e.iteration for e in a] == list(range(1, 7))
+
+
+def test_terminals_hold_the_server_model_after_their_downlink() -> None:
+    eng = HFLEngine(_small(**{"compression.downlink": "per-client", "train.rounds": 8}))
+    for _ in range(8):
+        before = eng.params.copy()
+        seen_before = dict(eng.terminal_models)
+        eng.iterate()
+        updated = [t for t, m in eng.terminal_models.items() if t not in seen_before or m is not seen_before[t]]
+        for t in updated:
+            assert np.array_equal(eng.terminal_models[t], before)
+
+
+def test_dropout_skips_failed_terminals_and_round_completes() -> None:
+    eng = HFLEngine(_small(**{"train.dropout": 0.6, "train.rounds": 10}))
+    events = [eng.iterate() for _ in range(10)]
+    dropped = sum(e.metrics["dropped"] for e in events)
+    assert dropped > 0
+    assert all(e.metrics["participants"] + e.metrics["dropped"] == 2 for e in events)
+    assert all("test_accuracy" in e.metrics for e in events)
+
+
+def test_dense_baseline_is_much_bigger_than_compressed() -> None:
+    dense = HFLEngine(_small(**{"compression.up": "dense", "compression.down": "dense"}))
+    comp = HFLEngine(_small())
+    db = sum(e.bytes_up + e.bytes_down for e in (dense.iterate() for _ in range(6)))
+    cb = sum(e.bytes_up + e.bytes_down for e in (comp.iterate() for _ in range(6)))
+    assert db > 10 * cb
+
+
+def test_add_data_grows_a_terminal() -> None:
+    eng = HFLEngine(_small())
+    eng.start()
+    n0 = len(eng.data.clients[0][1])
+    X = eng.data.X_test[:5]
+    eng.add_data((0, X, eng.data.y_test[:5]))
+    assert len(eng.data.clients[0][1]) == n0 + 5
+
+
+def test_bad_config_names_field_and_allowed_values() -> None:
+    from sluice.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"compression\.downlink: must be one of .*per-client"):
+        load_config(None, ["compression.downlink=sideways"])
+    with pytest.raises(ConfigError, match=r"train\.participation"):
+        load_config(None, ["train.participation=0"])
+    with pytest.raises(ConfigError, match=r"data\.colour: unknown key"):
+        load_config(None, ["data.colour=1"])
