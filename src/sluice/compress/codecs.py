@@ -1,0 +1,408 @@
+"""Upload compressors as chainable ``(init, update)`` stages, in the style of optax transformations.
+
+A :class:`Stage` is a pair of pure functions::
+
+    state = stage.init(d)
+    out, state = stage.update(inp, state, rng)
+
+The first stage of a chain receives the client's update vector ``x`` (1-D, float32 or float64); later
+stages receive the previous stage's payload. Stages that need a vector accept a payload too and use the
+receiver's estimate of it (:func:`to_dense`). The last stage may turn the payload into wire bytes
+(:func:`to_bytes`, :func:`zstd`). Every stage is deterministic given ``rng``.
+
+Estimators (``x`` in R^d, ``k`` kept coordinates):
+
+* rand-k keeps a uniform random ``k``-subset ``S`` and sends ``x_S`` with scale ``d/k``; the receiver's
+  estimate ``x_hat = (d/k) * sum_{i in S} x_i e_i`` is unbiased: ``P(i in S) = k/d`` so ``E x_hat = x``.
+  The indices are not sent: they are regenerated from the 64-bit seed in the header.
+* top-k keeps the ``k`` largest ``|x_i|`` (biased; explicit indices; scale 1).
+* count sketch with ``R`` rows and ``C`` columns: row ``j`` has a bucket hash ``h_j: [d] -> [C]`` and a
+  sign hash ``s_j: [d] -> {-1, +1}`` (independent fair signs), both derived from a seed carried in the
+  payload. ``T[j, c] = sum_{i: h_j(i) = c} s_j(i) x_i``. The receiver unsketches with the MEAN over rows,
+  ``x_hat_i = (1/R) sum_j s_j(i) T[j, h_j(i)] = x_i + (1/R) sum_j sum_{l != i, h_j(l) = h_j(i)}
+  s_j(i) s_j(l) x_l``, which is unbiased because ``E[s_j(i) s_j(l)] = 0`` for ``l != i``; each row adds
+  variance about ``||x||^2 / C``. (:func:`unsketch` also offers the median, which is robust but biased.)
+  The sketch is linear: tables with the same seed and shape may be summed before unsketching.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, Literal, NamedTuple
+
+import numpy as np
+
+from sluice.compress.wire import (
+    MAX_D,
+    DensePayload,
+    IndexCoding,
+    Payload,
+    SketchPayload,
+    SparsePayload,
+    decode,
+    encode,
+)
+from sluice.errors import ConfigError, WireError
+
+_FP16_MAX = float(np.finfo(np.float16).max)
+_SEED_BOUND = 2**63
+
+
+class Stage(NamedTuple):
+    """An ``(init, update)`` pair: ``init(d) -> state``; ``update(inp, state, rng) -> (out, state)``."""
+
+    init: Callable[[int], Any]
+    update: Callable[[Any, Any, np.random.Generator], tuple[Any, Any]]
+
+
+# ------------------------------------------------------------------------------------------- sampling
+def _uniform_below(bitgen: np.random.PCG64, n: int, count: int) -> np.ndarray:
+    """Up to ``count`` exactly uniform draws from ``[0, n)``, ``1 <= n <= 2^32`` (Lemire's method).
+
+    From a 32-bit uniform ``u``, ``m = u * n``; ``m >> 32`` is uniform on ``[0, n)`` once draws whose low
+    half ``m mod 2^32`` falls below ``2^32 mod n`` are rejected. Only the PCG64 raw stream is used, so
+    the result does not depend on the numpy version.
+    """
+    u = bitgen.random_raw(count) >> np.uint64(32)
+    m = u * np.uint64(n)
+    keep = (m & np.uint64(0xFFFFFFFF)) >= np.uint64((1 << 32) % n)
+    return (m[keep] >> np.uint64(32)).astype(np.int64)
+
+
+def _distinct_uniform(bitgen: np.random.PCG64, d: int, m: int) -> np.ndarray:
+    """The first ``m`` distinct values of a uniform stream on ``[0, d)``: a uniform ``m``-subset."""
+    draws = np.empty(0, dtype=np.int64)
+    # expected draws for m distinct values: d (H_d - H_{d-m}) ~ d ln(d / (d - m))
+    want = int(d * math.log(d / (d - m)) * 1.05) + 16 if m < d else 4 * d + 16
+    while True:
+        draws = np.concatenate([draws, _uniform_below(bitgen, d, want)])
+        _, first = np.unique(draws, return_index=True)
+        if first.shape[0] >= m:
+            return draws[np.sort(first)[:m]]
+        want = max(16, 2 * (m - first.shape[0]) * d // max(1, d - first.shape[0]))
+
+
+def randk_indices(d: int, k: int, seed: int) -> np.ndarray:
+    """Sorted int64 indices of a uniform random ``k``-subset of ``[0, d)`` drawn from ``seed``.
+
+    Deterministic in ``(d, k, seed)`` across platforms and numpy versions (PCG64 raw stream; for
+    ``k > d/2`` the complement of a uniform ``(d-k)``-subset is returned, which is again uniform).
+    """
+    if not 0 <= k <= d <= MAX_D:
+        raise WireError(f"rand-k needs 0 <= k <= d <= {MAX_D}, got d={d}, k={k}")
+    if not 0 <= seed < 2**64:
+        raise WireError(f"rand-k seed must be in [0, 2**64), got {seed}")
+    if k == 0:
+        return np.empty(0, dtype=np.int64)
+    if k == d:
+        return np.arange(d, dtype=np.int64)
+    bitgen = np.random.PCG64(seed)
+    if 2 * k <= d:
+        return np.sort(_distinct_uniform(bitgen, d, k))
+    mask = np.ones(d, dtype=bool)
+    mask[_distinct_uniform(bitgen, d, d - k)] = False
+    return np.flatnonzero(mask).astype(np.int64)
+
+
+def topk_indices(x: np.ndarray, k: int) -> np.ndarray:
+    """Sorted int64 indices of the ``k`` largest ``|x_i|``; ties go to the lower index, NaN counts as inf."""
+    key = np.abs(np.asarray(x, dtype=np.float64).reshape(-1))
+    key[np.isnan(key)] = np.inf
+    n = key.shape[0]
+    if k <= 0:
+        return np.empty(0, dtype=np.int64)
+    if k >= n:
+        return np.arange(n, dtype=np.int64)
+    t = np.partition(key, n - k)[n - k]
+    above = np.flatnonzero(key > t)
+    ties = np.flatnonzero(key == t)[: k - above.shape[0]]
+    return np.sort(np.concatenate([above, ties])).astype(np.int64)
+
+
+def sketch_hashes(d: int, rows: int, cols: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Bucket ``h_j(i)`` (int64, ``rows x d``) and sign ``s_j(i)`` (float64 +-1) tables from ``seed``.
+
+    One PCG64 word per (row, coordinate): its high 32 bits ``u`` give the bucket ``(u * cols) >> 32`` and
+    its lowest bit the sign, so signs are independent fair coins (what unbiasedness needs).
+    """
+    raw = np.random.PCG64(seed).random_raw(rows * d).reshape(rows, d)
+    buckets = (((raw >> np.uint64(32)) * np.uint64(cols)) >> np.uint64(32)).astype(np.int64)
+    signs = 1.0 - 2.0 * (raw & np.uint64(1)).astype(np.float64)
+    return buckets, signs
+
+
+def unsketch(payload: SketchPayload, how: Literal["mean", "median"] = "mean") -> np.ndarray:
+    """Float64 estimate ``x_hat_i = agg_j s_j(i) T[j, h_j(i)]``; ``"mean"`` is unbiased, ``"median"`` not."""
+    buckets, signs = sketch_hashes(payload.d, payload.rows, payload.cols, payload.seed)
+    table = payload.table.astype(np.float64)
+    per_row = signs * np.take_along_axis(table, buckets, axis=1)
+    if how == "mean":
+        return per_row.mean(axis=0) if payload.d else np.zeros(0)
+    if how == "median":
+        return np.median(per_row, axis=0) if payload.d else np.zeros(0)
+    raise ConfigError(f"unsketch: how must be 'mean' or 'median', got {how!r}")
+
+
+# ---------------------------------------------------------------------------------- receiver estimate
+def to_dense(payload: Payload, d: int | None = None) -> np.ndarray:
+    """The receiver's float64 estimate of the sent vector (unbiased for rand-k and count sketch).
+
+    Dense: the values. Sparse: zeros with ``scale * values`` at the indices (regenerated from the seed
+    when not sent). Sketch: :func:`unsketch` with the mean. ``d``, when given, must match the payload.
+    """
+    if isinstance(payload, DensePayload):
+        n = payload.d
+    elif isinstance(payload, SparsePayload | SketchPayload):
+        n = payload.d
+    else:
+        raise WireError(f"to_dense expects a Dense/Sparse/Sketch payload, got {type(payload).__name__}")
+    if d is not None and d != n:
+        raise WireError(f"payload describes a vector of length {n}, expected {d}")
+    if isinstance(payload, DensePayload):
+        return payload.values.astype(np.float64)
+    if isinstance(payload, SketchPayload):
+        return unsketch(payload)
+    idx = payload.indices if payload.indices is not None else randk_indices(n, payload.k, payload.seed)
+    out = np.zeros(n, dtype=np.float64)
+    out[idx] = payload.values.astype(np.float64) * payload.scale
+    return out
+
+
+def decode_to_dense(buf: bytes, d: int | None = None) -> np.ndarray:
+    """``to_dense(decode(buf), d)``."""
+    return to_dense(decode(buf), d)
+
+
+# ------------------------------------------------------------------------------------------------ stages
+def _vector(inp: Any) -> np.ndarray:
+    """A 1-D vector from a stage input: the array itself, or the estimate a payload stands for."""
+    if isinstance(inp, DensePayload | SparsePayload | SketchPayload):
+        return to_dense(inp)
+    arr = np.asarray(inp)
+    if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.floating):
+        raise WireError(f"a compressor expects a 1-D float vector, got {arr.dtype} of shape {arr.shape}")
+    return arr
+
+
+def _wire_values(v: np.ndarray) -> np.ndarray:
+    """Keep float16/float32; send float64 as float32."""
+    return v if v.dtype in (np.float16, np.float32) else v.astype(np.float32)
+
+
+def _k_of(ratio: float, d: int) -> int:
+    """``k = max(1, round(ratio * d))``, at most ``d``."""
+    return min(d, max(1, round(ratio * d)))
+
+
+def _check_ratio(name: str, ratio: float) -> float:
+    if not 0 < ratio <= 1:
+        raise ConfigError(f"{name} ratio must be in (0, 1], got {ratio}")
+    return float(ratio)
+
+
+def _new_seed(rng: np.random.Generator) -> int:
+    return int(rng.integers(0, _SEED_BOUND))
+
+
+def _no_state(d: int) -> None:
+    return None
+
+
+def dense() -> Stage:
+    """Send every coordinate: ``x -> DensePayload(x)`` (float64 travels as float32)."""
+
+    def update(inp: Any, state: Any, rng: np.random.Generator) -> tuple[DensePayload, Any]:
+        return DensePayload(_wire_values(_vector(inp))), state
+
+    return Stage(_no_state, update)
+
+
+def randk(ratio: float) -> Stage:
+    """Unbiased rand-k: ``k = max(1, round(ratio d))`` uniform coordinates, scale ``d/k``, seed-only indices.
+
+    A fresh 63-bit seed is drawn from ``rng`` on every call; ``indices = randk_indices(d, k, seed)``.
+    """
+    ratio = _check_ratio("rand-k", ratio)
+
+    def update(inp: Any, state: Any, rng: np.random.Generator) -> tuple[SparsePayload, Any]:
+        x = _vector(inp)
+        d = x.shape[0]
+        k = _k_of(ratio, d)
+        seed = _new_seed(rng)
+        idx = randk_indices(d, k, seed)
+        scale = d / k if k else 1.0
+        return SparsePayload(d=d, values=_wire_values(x[idx]), seed=seed, scale=scale), state
+
+    return Stage(_no_state, update)
+
+
+def topk(ratio: float) -> Stage:
+    """Top-k: the ``k = max(1, round(ratio d))`` largest ``|x_i|`` with explicit indices, scale 1."""
+    ratio = _check_ratio("top-k", ratio)
+
+    def update(inp: Any, state: Any, rng: np.random.Generator) -> tuple[SparsePayload, Any]:
+        x = _vector(inp)
+        idx = topk_indices(x, _k_of(ratio, x.shape[0]))
+        return SparsePayload(d=x.shape[0], values=_wire_values(x[idx]), indices=idx), state
+
+    return Stage(_no_state, update)
+
+
+def count_sketch(
+    rows: int, cols: int | None = None, *, cols_ratio: float | None = None, seed: int | None = None
+) -> Stage:
+    """Count sketch with ``rows`` hash rows of ``cols`` buckets (or ``max(1, round(cols_ratio d))``).
+
+    ``T[j, c] = sum_{i: h_j(i) = c} s_j(i) x_i`` (see :func:`sketch_hashes`). Without ``seed`` a fresh
+    63-bit hash seed is drawn from ``rng`` on every call, which makes the mean unsketch unbiased; a fixed
+    ``seed`` lets tables from several senders be summed. State: the number of columns.
+    """
+    if rows < 1:
+        raise ConfigError(f"count sketch needs rows >= 1, got {rows}")
+    if (cols is None) == (cols_ratio is None):
+        raise ConfigError("count sketch needs exactly one of cols and cols_ratio")
+    if cols is not None and cols < 1:
+        raise ConfigError(f"count sketch needs cols >= 1, got {cols}")
+    if cols_ratio is not None:
+        _check_ratio("count sketch column", cols_ratio)
+    if seed is not None and not 0 <= seed < 2**64:
+        raise ConfigError(f"count sketch seed must be in [0, 2**64), got {seed}")
+
+    def init(d: int) -> int:
+        return cols if cols is not None else max(1, round(cols_ratio * d))  # type: ignore[operator]
+
+    def update(inp: Any, state: int, rng: np.random.Generator) -> tuple[SketchPayload, int]:
+        x = _vector(inp).astype(np.float64)
+        d = x.shape[0]
+        s = seed if seed is not None else _new_seed(rng)
+        buckets, signs = sketch_hashes(d, rows, state, s)
+        table = np.empty((rows, state), dtype=np.float64)
+        for j in range(rows):
+            table[j] = np.bincount(buckets[j], weights=signs[j] * x, minlength=state)
+        return SketchPayload(d=d, seed=s, table=table.astype(np.float32)), state
+
+    return Stage(init, update)
+
+
+def _to_dtype(v: np.ndarray, dtype: type[np.floating]) -> np.ndarray:
+    if dtype is np.float16 and v.dtype != np.float16:
+        # saturate finite values at +-65504 instead of overflowing to inf
+        v = np.where(np.isfinite(v), np.clip(v, -_FP16_MAX, _FP16_MAX), v)
+    return v.astype(dtype)
+
+
+def cast(dtype: Literal["fp16", "fp32"]) -> Stage:
+    """Round the values (or sketch table) to fp16 or fp32; finite values saturate at the fp16 range."""
+    if dtype not in ("fp16", "fp32"):
+        raise ConfigError(f"cast dtype must be 'fp16' or 'fp32', got {dtype!r}")
+    np_dtype = np.float16 if dtype == "fp16" else np.float32
+
+    def update(inp: Any, state: Any, rng: np.random.Generator) -> tuple[Payload, Any]:
+        if isinstance(inp, SparsePayload):
+            out: Payload = SparsePayload(
+                d=inp.d, values=_to_dtype(inp.values, np_dtype), indices=inp.indices, seed=inp.seed,
+                scale=inp.scale,
+            )
+        elif isinstance(inp, SketchPayload):
+            out = SketchPayload(d=inp.d, seed=inp.seed, table=_to_dtype(inp.table, np_dtype))
+        elif isinstance(inp, DensePayload):
+            out = DensePayload(_to_dtype(inp.values, np_dtype))
+        else:
+            out = DensePayload(_to_dtype(_vector(inp), np_dtype))
+        return out, state
+
+    return Stage(_no_state, update)
+
+
+def to_bytes(lossless: bool = False, index_coding: IndexCoding = "auto") -> Stage:
+    """Final stage: ``payload -> encode(payload, lossless=..., index_coding=...)`` (wire bytes)."""
+
+    def update(inp: Any, state: Any, rng: np.random.Generator) -> tuple[bytes, Any]:
+        return encode(inp, lossless=lossless, index_coding=index_coding), state
+
+    return Stage(_no_state, update)
+
+
+def zstd() -> Stage:
+    """Lossless final stage: the payload body is zstd-compressed on the wire (kept raw if not smaller)."""
+    return to_bytes(lossless=True)
+
+
+def chain(*stages: Stage) -> Stage:
+    """Compose stages left to right; the state is the tuple of the stages' states."""
+
+    def init(d: int) -> tuple[Any, ...]:
+        return tuple(s.init(d) for s in stages)
+
+    def update(inp: Any, state: tuple[Any, ...], rng: np.random.Generator) -> tuple[Any, tuple[Any, ...]]:
+        new_state = []
+        for s, st in zip(stages, state, strict=True):
+            inp, st = s.update(inp, st, rng)
+            new_state.append(st)
+        return inp, tuple(new_state)
+
+    return Stage(init, update)
+
+
+# ------------------------------------------------------------------------------------------- compressor
+class Compressor:
+    """A client's uplink compressor: a stage chain whose output is encoded to bytes.
+
+    ``state = c.init(d)``; ``buf, state = c.encode(x, state, rng)``; the server calls
+    :func:`decode_to_dense` ``(buf)``. ``len(buf)`` is the uplink cost of the message, header included.
+    """
+
+    def __init__(self, stage: Stage, *, name: str = "custom") -> None:
+        self.stage = stage
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Compressor({self.name})"
+
+    def init(self, d: int) -> tuple[int, Any]:
+        """State for vectors of length ``d``."""
+        if d < 0:
+            raise ConfigError(f"vector length must be >= 0, got {d}")
+        return (int(d), self.stage.init(int(d)))
+
+    def encode(
+        self, vec: np.ndarray, state: tuple[int, Any], rng: np.random.Generator
+    ) -> tuple[bytes, tuple[int, Any]]:
+        """Compress ``vec`` and return the wire message and the new state."""
+        d, inner = state
+        x = np.asarray(vec)
+        if x.shape != (d,):
+            raise ValueError(f"compressor was initialised for d={d}, got a vector of shape {x.shape}")
+        out, inner = self.stage.update(x, inner, rng)
+        if not isinstance(out, bytes):
+            out = encode(out)
+        return out, (d, inner)
+
+
+def make_uplink(cfg: Any) -> Compressor:
+    """The uplink compressor described by a :class:`sluice.config.CompressionConfig`.
+
+    ``up`` picks the main stage (dense, randk, topk with ``up_ratio``; sketch with ``sketch_rows`` and
+    ``sketch_cols_ratio``), ``up_values`` the value precision ("auto": fp32 for dense uploads, fp16
+    otherwise), ``lossless`` the zstd final stage.
+    """
+    values = cfg.up_values
+    if values == "auto":
+        values = "fp32" if cfg.up == "dense" else "fp16"
+    if cfg.up == "dense":
+        main = dense()
+    elif cfg.up == "randk":
+        main = randk(cfg.up_ratio)
+    elif cfg.up == "topk":
+        main = topk(cfg.up_ratio)
+    elif cfg.up == "sketch":
+        main = count_sketch(cfg.sketch_rows, cols_ratio=cfg.sketch_cols_ratio)
+    else:
+        raise ConfigError(f"compression.up must be one of dense, randk, topk, sketch; got {cfg.up!r}")
+    if cfg.lossless not in ("none", "zstd"):
+        raise ConfigError(f"compression.lossless must be 'none' or 'zstd', got {cfg.lossless!r}")
+    final = zstd() if cfg.lossless == "zstd" else to_bytes()
+    name = f"{cfg.up}" + (f"({cfg.up_ratio:g})" if cfg.up in ("randk", "topk") else "")
+    name += f"+{values}" + ("+zstd" if cfg.lossless == "zstd" else "")
+    return Compressor(chain(main, cast(values), final), name=name)

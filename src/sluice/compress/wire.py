@@ -1,0 +1,593 @@
+"""Sluice wire format, version 1: the only place where payload bytes are produced or parsed.
+
+Three payload kinds travel:
+
+* :class:`DensePayload` -- a full vector of ``d`` values;
+* :class:`SparsePayload` -- ``k`` values at ``k`` of ``d`` coordinates, with either explicit indices or a
+  64-bit seed from which the receiver regenerates them (rand-k), and a scale ``s`` the receiver applies
+  (the estimate is ``s * values`` scattered at the indices);
+* :class:`SketchPayload` -- a ``rows x cols`` count-sketch table of a ``d``-vector plus its hash seed.
+
+Message layout (all integers little-endian)::
+
+    offset  size  field
+    0       1     magic 0x53 ("S")
+    1       1     version (1)
+    2       1     flags: bits 0-1 kind (0 dense, 1 sparse, 2 sketch)
+                         bit  2   value dtype (0 fp32, 1 fp16)
+                         bit  3   body is zstd-compressed (magicless frame)
+                         bits 4-5 index coding, sparse only (0 seed, 1 Golomb-Rice, 2 bitmap, 3 raw u32)
+                         bits 6-7 scale, sparse only (0: 1.0, 1: d/k, 2: explicit float64 follows)
+    3       ...   LEB128 varints: dense d | sparse d, k | sketch d, rows, cols
+            8     seed (uint64): sparse with index coding "seed", and sketch
+            8     scale (float64): sparse with scale mode 2
+            ...   body: values (k or d or rows*cols fp16/fp32), then the index block (sparse)
+    -4      4     CRC-32 of every byte before it
+
+A rand-k message of ``k`` fp16 values therefore costs ``3 + len(varint d) + len(varint k) + 8 + 2k + 4``
+bytes: 2k + 20 for d=26,000, k=520.
+
+Index coding of explicit indices ``i_0 < i_1 < ... < i_{k-1}`` picks the smallest of
+
+* Golomb-Rice coded gaps ``g_0 = i_0``, ``g_j = i_j - i_{j-1} - 1`` with parameter ``r``: each gap costs
+  ``floor(g / 2^r) + 1`` unary bits and ``r`` remainder bits, so the block holds ``1 + ceil(B(r) / 8)``
+  bytes with ``B(r) = k (r + 1) + sum_j floor(g_j / 2^r)``. ``B`` is convex in ``r`` (its decrements
+  ``sum_j ceil(floor(g_j / 2^r) / 2) - k`` never increase), so a descent from ``log2(mean gap)`` finds
+  the exact minimiser. All remainders are stored first, then all unary codes, which lets numpy decode the
+  block without a per-gap loop (the bit count is the same as interleaved Rice codes);
+* a bitmap over ``d`` coordinates: ``ceil(d / 8)`` bytes;
+* raw uint32 indices: ``4k`` bytes.
+
+``decode(encode(p))`` reproduces ``p`` bit for bit. Anything malformed -- truncated, corrupted, of another
+version, inconsistent -- raises :class:`sluice.errors.WireError`; the CRC is checked before any body
+byte is interpreted.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import zstandard
+
+from sluice.errors import WireError
+
+MAGIC = 0x53
+VERSION = 1
+MAX_D = 2**32 - 1
+"""Largest vector length a sparse or sketch payload may describe (indices travel as uint32)."""
+
+KIND_DENSE, KIND_SPARSE, KIND_SKETCH = 0, 1, 2
+_KIND_NAMES = {KIND_DENSE: "dense", KIND_SPARSE: "sparse", KIND_SKETCH: "sketch"}
+CODING_SEED, CODING_RICE, CODING_BITMAP, CODING_RAW = 0, 1, 2, 3
+_CODINGS = {"rice": CODING_RICE, "bitmap": CODING_BITMAP, "raw": CODING_RAW}
+_SCALE_ONE, _SCALE_D_OVER_K, _SCALE_EXPLICIT = 0, 1, 2
+_MAX_RICE = 32
+_TRAILER = 4
+_FIXED = 3
+
+IndexCoding = Literal["auto", "rice", "bitmap", "raw"]
+
+_ZSTD_LEVEL = 3
+_ZSTD_PARAMS = zstandard.ZstdCompressionParameters.from_level(
+    _ZSTD_LEVEL,
+    format=zstandard.FORMAT_ZSTD1_MAGICLESS,
+    write_content_size=True,
+    write_checksum=False,
+    write_dict_id=False,
+)
+
+
+# ----------------------------------------------------------------------------------------------- payloads
+def _check_values(values: object, what: str) -> np.ndarray:
+    arr = np.asarray(values)
+    if arr.dtype not in (np.float16, np.float32):
+        raise WireError(f"{what} must be float16 or float32 (cast them first), got {arr.dtype}")
+    return arr
+
+
+def _same_array(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def _check_seed(seed: object) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or not 0 <= int(seed) < 2**64:
+        raise WireError(f"seed must be an integer in [0, 2**64), got {seed!r}")
+    return int(seed)
+
+
+@dataclass(frozen=True, eq=False)
+class DensePayload:
+    """A full vector: ``values`` is 1-D float32 or float16; ``d = len(values)``."""
+
+    values: np.ndarray
+
+    def __post_init__(self) -> None:
+        arr = _check_values(self.values, "dense values")
+        if arr.ndim != 1:
+            raise WireError(f"dense values must be 1-D, got shape {arr.shape}")
+        object.__setattr__(self, "values", arr)
+
+    @property
+    def d(self) -> int:
+        """Vector length."""
+        return int(self.values.shape[0])
+
+    def __eq__(self, other: object) -> bool:
+        """Bitwise equality (NaNs with the same bits compare equal)."""
+        return isinstance(other, DensePayload) and _same_array(self.values, other.values)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+@dataclass(frozen=True, eq=False)
+class SparsePayload:
+    """``k`` values at ``k`` of ``d`` coordinates; the receiver's estimate is ``scale * values`` there.
+
+    Exactly one of ``indices`` (sorted, unique, in ``[0, d)``) and ``seed`` (uint64; the receiver
+    regenerates the indices with :func:`sluice.compress.codecs.randk_indices` ``(d, k, seed)``) is given.
+    """
+
+    d: int
+    values: np.ndarray
+    indices: np.ndarray | None = None
+    seed: int | None = None
+    scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.d, bool) or not isinstance(self.d, int | np.integer) or not 0 <= self.d <= MAX_D:
+            raise WireError(f"sparse d must be an integer in [0, {MAX_D}], got {self.d!r}")
+        object.__setattr__(self, "d", int(self.d))
+        arr = _check_values(self.values, "sparse values")
+        if arr.ndim != 1 or arr.shape[0] > self.d:
+            raise WireError(f"sparse values must be 1-D with at most d={self.d} entries, got {arr.shape}")
+        object.__setattr__(self, "values", arr)
+        if (self.indices is None) == (self.seed is None):
+            raise WireError("a sparse payload needs exactly one of explicit indices and an index seed")
+        if self.indices is not None:
+            idx = np.asarray(self.indices)
+            if idx.ndim != 1 or idx.shape[0] != arr.shape[0]:
+                raise WireError(f"sparse payload has {arr.shape[0]} values but indices of shape {idx.shape}")
+            if idx.size and not np.issubdtype(idx.dtype, np.integer):
+                raise WireError(f"sparse indices must be integers, got {idx.dtype}")
+            idx = idx.astype(np.int64, copy=False)
+            if idx.size and (idx[0] < 0 or idx[-1] >= self.d or np.any(np.diff(idx) <= 0)):
+                raise WireError(f"sparse indices must be sorted, unique and in [0, {self.d})")
+            object.__setattr__(self, "indices", idx)
+        else:
+            object.__setattr__(self, "seed", _check_seed(self.seed))
+        object.__setattr__(self, "scale", float(self.scale))
+
+    @property
+    def k(self) -> int:
+        """Number of transmitted values."""
+        return int(self.values.shape[0])
+
+    def __eq__(self, other: object) -> bool:
+        """Bitwise equality of every field."""
+        return (
+            isinstance(other, SparsePayload)
+            and self.d == other.d
+            and self.seed == other.seed
+            and struct.pack("<d", self.scale) == struct.pack("<d", other.scale)
+            and _same_array(self.values, other.values)
+            and _same_array(self.indices, other.indices)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+@dataclass(frozen=True, eq=False)
+class SketchPayload:
+    """A count sketch of a ``d``-vector: ``table`` is ``rows x cols``; hashes derive from ``seed``."""
+
+    d: int
+    seed: int
+    table: np.ndarray
+
+    def __post_init__(self) -> None:
+        if isinstance(self.d, bool) or not isinstance(self.d, int | np.integer) or not 0 <= self.d <= MAX_D:
+            raise WireError(f"sketch d must be an integer in [0, {MAX_D}], got {self.d!r}")
+        object.__setattr__(self, "d", int(self.d))
+        object.__setattr__(self, "seed", _check_seed(self.seed))
+        arr = _check_values(self.table, "sketch table")
+        if arr.ndim != 2 or arr.shape[0] < 1 or arr.shape[1] < 1:
+            raise WireError(f"sketch table must be 2-D with at least one row and column, got {arr.shape}")
+        object.__setattr__(self, "table", arr)
+
+    @property
+    def rows(self) -> int:
+        """Number of hash rows."""
+        return int(self.table.shape[0])
+
+    @property
+    def cols(self) -> int:
+        """Number of buckets per row."""
+        return int(self.table.shape[1])
+
+    def __eq__(self, other: object) -> bool:
+        """Bitwise equality of every field."""
+        return (
+            isinstance(other, SketchPayload)
+            and self.d == other.d
+            and self.seed == other.seed
+            and _same_array(self.table, other.table)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+Payload = DensePayload | SparsePayload | SketchPayload
+"""Any payload the wire format carries."""
+
+
+# ------------------------------------------------------------------------------------------------ varints
+def _varint(n: int) -> bytes:
+    """Unsigned LEB128: 7 bits per byte, low group first, high bit set on every byte but the last."""
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _read_varint(buf: bytes, pos: int, field: str) -> tuple[int, int]:
+    n = 0
+    shift = 0
+    while True:
+        if pos >= len(buf):
+            raise _truncated(pos + 1 + _TRAILER, len(buf), at_least=True)
+        b = buf[pos]
+        pos += 1
+        n |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return n, pos
+        shift += 7
+        if shift > 63:
+            raise WireError(f"malformed header: varint {field} is longer than 64 bits")
+
+
+# ------------------------------------------------------------------------------------------ index coding
+def _gaps(indices: np.ndarray) -> np.ndarray:
+    """``g_0 = i_0``, ``g_j = i_j - i_{j-1} - 1`` (all >= 0 for sorted unique indices)."""
+    g = np.empty(indices.shape[0], dtype=np.uint64)
+    if indices.size:
+        g[0] = indices[0]
+        g[1:] = np.diff(indices) - 1
+    return g
+
+
+def _rice_bits(gaps: np.ndarray, r: int) -> int:
+    """``B(r) = k (r + 1) + sum_j floor(g_j / 2^r)``: bits of all Rice codes with parameter ``r``."""
+    return int(gaps.shape[0]) * (r + 1) + int(np.sum(gaps >> np.uint64(r), dtype=np.uint64))
+
+
+def rice_parameter(gaps: np.ndarray) -> int:
+    """The ``r`` in ``[0, 32]`` minimising :func:`_rice_bits` (exact: ``B`` is convex, ties go low)."""
+    if gaps.size == 0:
+        return 0
+    mean = float(np.mean(gaps, dtype=np.float64))
+    r = min(_MAX_RICE, max(0, int(math.floor(math.log2(mean + 1.0)))))
+    cost = _rice_bits(gaps, r)
+    while r > 0:
+        c = _rice_bits(gaps, r - 1)
+        if c > cost:
+            break
+        r, cost = r - 1, c
+    while r < _MAX_RICE:
+        c = _rice_bits(gaps, r + 1)
+        if c >= cost:
+            break
+        r, cost = r + 1, c
+    return r
+
+
+def _rice_encode(indices: np.ndarray) -> bytes:
+    """``[r][k*r remainder bits][unary codes: q_j zeros then a one]``, bit-packed MSB first."""
+    gaps = _gaps(indices)
+    k = gaps.shape[0]
+    r = rice_parameter(gaps)
+    q = (gaps >> np.uint64(r)).astype(np.int64)
+    rem = np.empty((k, r), dtype=np.uint8)
+    for j in range(r):
+        rem[:, j] = (gaps >> np.uint64(r - 1 - j)) & np.uint64(1)
+    unary = np.zeros(int(q.sum()) + k, dtype=np.uint8)
+    unary[np.cumsum(q + 1) - 1] = 1
+    bits = np.concatenate([rem.reshape(-1), unary])
+    return bytes([r]) + np.packbits(bits).tobytes()
+
+
+def _rice_size(indices: np.ndarray) -> int:
+    gaps = _gaps(indices)
+    return 1 + (_rice_bits(gaps, rice_parameter(gaps)) + 7) // 8
+
+
+def _rice_decode(block: bytes, k: int, d: int) -> np.ndarray:
+    if len(block) < 1:
+        raise WireError("corrupt index block: Golomb-Rice parameter missing")
+    r = block[0]
+    if r > _MAX_RICE:
+        raise WireError(f"corrupt index block: Golomb-Rice parameter {r} exceeds {_MAX_RICE}")
+    bits = np.unpackbits(np.frombuffer(block, dtype=np.uint8, offset=1))
+    if bits.shape[0] < k * (r + 1):
+        raise WireError(f"corrupt index block: {bits.shape[0]} bits cannot hold {k} Rice codes with r={r}")
+    rem_bits = bits[: k * r].reshape(k, r)
+    unary = bits[k * r :]
+    ends = np.flatnonzero(unary)
+    if ends.shape[0] != k:
+        raise WireError(f"corrupt index block: found {ends.shape[0]} unary codes, expected {k}")
+    used = k * r + (int(ends[-1]) + 1 if k else 0)
+    if bits.shape[0] - used >= 8:
+        raise WireError("corrupt index block: trailing bytes after the last Rice code")
+    q = np.diff(ends, prepend=-1) - 1
+    if k and int(q.max()) > d >> r:
+        raise WireError(f"corrupt index block: a gap exceeds d={d}")
+    gaps = q.astype(np.uint64) << np.uint64(r)
+    for j in range(r):
+        gaps |= rem_bits[:, j].astype(np.uint64) << np.uint64(r - 1 - j)
+    idx = np.cumsum(gaps.astype(np.int64) + 1) - 1
+    if k and (int(idx[-1]) >= d or int(idx[0]) < 0 or np.any(np.diff(idx) <= 0)):
+        raise WireError(f"corrupt index block: indices not sorted, unique and in [0, {d})")
+    return idx
+
+
+def _bitmap_encode(indices: np.ndarray, d: int) -> bytes:
+    mask = np.zeros(d, dtype=np.uint8)
+    mask[indices] = 1
+    return np.packbits(mask).tobytes()
+
+
+def _bitmap_decode(block: bytes, k: int, d: int) -> np.ndarray:
+    bits = np.unpackbits(np.frombuffer(block, dtype=np.uint8))
+    if np.any(bits[d:]):
+        raise WireError("corrupt index block: bitmap padding bits are set")
+    idx = np.flatnonzero(bits[:d]).astype(np.int64)
+    if idx.shape[0] != k:
+        raise WireError(f"corrupt index block: bitmap marks {idx.shape[0]} coordinates, expected {k}")
+    return idx
+
+
+def _raw_decode(block: bytes, k: int, d: int) -> np.ndarray:
+    idx = np.frombuffer(block, dtype="<u4", count=k).astype(np.int64)
+    if k and (int(idx[-1]) >= d or np.any(np.diff(idx) <= 0)):
+        raise WireError(f"corrupt index block: raw indices not sorted, unique and in [0, {d})")
+    return idx
+
+
+def index_block_sizes(indices: np.ndarray, d: int) -> dict[str, int]:
+    """Bytes each index coding would take for these sorted unique indices (before any zstd)."""
+    idx = np.asarray(indices, dtype=np.int64)
+    return {"rice": _rice_size(idx), "bitmap": (d + 7) // 8, "raw": 4 * int(idx.shape[0])}
+
+
+def _choose_coding(indices: np.ndarray, d: int) -> int:
+    sizes = index_block_sizes(indices, d)
+    best = min(("raw", "bitmap", "rice"), key=lambda name: sizes[name])  # first minimum wins ties
+    return _CODINGS[best]
+
+
+# --------------------------------------------------------------------------------------------- encoding
+def _value_bytes(arr: np.ndarray) -> bytes:
+    return arr.astype("<f2" if arr.dtype == np.float16 else "<f4", copy=False).tobytes()
+
+
+def encode(
+    payload: DensePayload | SparsePayload | SketchPayload,
+    *,
+    lossless: bool = False,
+    index_coding: IndexCoding = "auto",
+) -> bytes:
+    """Serialise a payload (layout in the module docstring); ``len()`` of the result is its wire cost.
+
+    ``lossless=True`` zstd-compresses the body; when that would not make the message smaller the body
+    is sent as is (and the header says so). ``index_coding`` forces the coding of explicit sparse
+    indices ("auto" picks the smallest of "rice", "bitmap", "raw").
+    """
+    if index_coding != "auto" and index_coding not in _CODINGS:
+        raise WireError(f"index_coding must be one of auto, rice, bitmap, raw; got {index_coding!r}")
+    extra = b""
+    if isinstance(payload, DensePayload):
+        kind, arr = KIND_DENSE, payload.values
+        head = _varint(payload.d)
+        body = _value_bytes(arr)
+        high = 0
+    elif isinstance(payload, SparsePayload):
+        kind, arr = KIND_SPARSE, payload.values
+        d, k = payload.d, payload.k
+        head = _varint(d) + _varint(k)
+        if payload.indices is None:
+            coding = CODING_SEED
+            extra = struct.pack("<Q", payload.seed)
+            block = b""
+        else:
+            coding = _choose_coding(payload.indices, d) if index_coding == "auto" else _CODINGS[index_coding]
+            if coding == CODING_RICE:
+                block = _rice_encode(payload.indices)
+            elif coding == CODING_BITMAP:
+                block = _bitmap_encode(payload.indices, d)
+            else:
+                block = payload.indices.astype("<u4").tobytes()
+        if payload.scale == 1.0:
+            scale_mode = _SCALE_ONE
+        elif k > 0 and payload.scale == d / k:
+            scale_mode = _SCALE_D_OVER_K
+        else:
+            scale_mode = _SCALE_EXPLICIT
+            extra += struct.pack("<d", payload.scale)
+        high = (coding << 4) | (scale_mode << 6)
+        body = _value_bytes(arr) + block
+    elif isinstance(payload, SketchPayload):
+        kind, arr = KIND_SKETCH, payload.table
+        head = _varint(payload.d) + _varint(payload.rows) + _varint(payload.cols)
+        extra = struct.pack("<Q", payload.seed)
+        body = _value_bytes(np.ascontiguousarray(arr))
+        high = 0
+    else:
+        raise WireError(f"cannot encode a {type(payload).__name__}: expected a Dense/Sparse/Sketch payload")
+    flags = kind | (int(arr.dtype == np.float16) << 2) | high
+    if lossless and body:
+        packed = zstandard.ZstdCompressor(compression_params=_ZSTD_PARAMS).compress(body)
+        if len(packed) < len(body):
+            body = packed
+            flags |= 1 << 3
+    msg = bytes([MAGIC, VERSION, flags]) + head + extra + body
+    return msg + struct.pack("<I", zlib.crc32(msg))
+
+
+# --------------------------------------------------------------------------------------------- decoding
+def _truncated(expected: int, got: int, *, at_least: bool = False) -> WireError:
+    qual = "at least " if at_least else ""
+    return WireError(f"message truncated: expected {qual}{expected} bytes, got {got}")
+
+
+def decode(buf: bytes | bytearray | memoryview) -> DensePayload | SparsePayload | SketchPayload:
+    """Parse one message produced by :func:`encode`; the exact inverse, or :class:`WireError`."""
+    buf = bytes(buf)
+    n = len(buf)
+    if n < _FIXED:
+        raise _truncated(_FIXED + 1 + _TRAILER, n, at_least=True)
+    if buf[0] != MAGIC:
+        raise WireError(f"not a Sluice message: first byte is 0x{buf[0]:02x}, expected 0x{MAGIC:02x}")
+    if buf[1] != VERSION:
+        raise WireError(f"unsupported version {buf[1]} (this build reads {VERSION})")
+    flags = buf[2]
+    kind = flags & 0b11
+    if kind not in _KIND_NAMES:
+        raise WireError(f"unknown payload kind {kind} (allowed: 0 dense, 1 sparse, 2 sketch)")
+    dtype = np.dtype(np.float16) if flags & 0b100 else np.dtype(np.float32)
+    zstd_body = bool(flags & 0b1000)
+    coding = (flags >> 4) & 0b11
+    scale_mode = flags >> 6
+    pos = _FIXED
+    seed: int | None = None
+    scale = 1.0
+    if kind == KIND_DENSE:
+        if flags >> 4:
+            raise WireError(f"malformed header: reserved flag bits set (flags=0x{flags:02x})")
+        d, pos = _read_varint(buf, pos, "d")
+        count = d
+    elif kind == KIND_SPARSE:
+        d, pos = _read_varint(buf, pos, "d")
+        k, pos = _read_varint(buf, pos, "k")
+        if d > MAX_D or k > d:
+            raise WireError(f"malformed header: sparse d={d}, k={k} (need k <= d <= {MAX_D})")
+        if scale_mode == 3:
+            raise WireError("malformed header: unknown scale mode 3")
+        count = k
+    else:
+        if flags >> 4:
+            raise WireError(f"malformed header: reserved flag bits set (flags=0x{flags:02x})")
+        d, pos = _read_varint(buf, pos, "d")
+        rows, pos = _read_varint(buf, pos, "rows")
+        cols, pos = _read_varint(buf, pos, "cols")
+        if d > MAX_D or rows < 1 or cols < 1:
+            raise WireError(f"malformed header: sketch d={d}, rows={rows}, cols={cols}")
+        count = rows * cols
+    if kind == KIND_SKETCH or (kind == KIND_SPARSE and coding == CODING_SEED):
+        if n < pos + 8 + _TRAILER:
+            raise _truncated(pos + 8 + _TRAILER, n, at_least=True)
+        (seed,) = struct.unpack_from("<Q", buf, pos)
+        pos += 8
+    if kind == KIND_SPARSE and scale_mode == _SCALE_EXPLICIT:
+        if n < pos + 8 + _TRAILER:
+            raise _truncated(pos + 8 + _TRAILER, n, at_least=True)
+        (scale,) = struct.unpack_from("<d", buf, pos)
+        pos += 8
+    elif kind == KIND_SPARSE and scale_mode == _SCALE_D_OVER_K:
+        if k == 0:
+            raise WireError("malformed header: scale d/k with k=0")
+        scale = d / k
+
+    value_bytes = count * dtype.itemsize
+    if kind == KIND_SPARSE:
+        fixed_block = {CODING_SEED: 0, CODING_BITMAP: (d + 7) // 8, CODING_RAW: 4 * k}.get(coding)
+        min_block = 1 if coding == CODING_RICE else fixed_block
+        max_block = 1 + (33 * k + d + 7) // 8 if coding == CODING_RICE else fixed_block
+    else:
+        fixed_block = min_block = max_block = 0
+    body_size = None if fixed_block is None else value_bytes + fixed_block
+    if zstd_body:
+        if n < pos + 1 + _TRAILER:
+            raise _truncated(pos + 1 + _TRAILER, n, at_least=True)
+    elif body_size is not None:
+        expected = pos + body_size + _TRAILER
+        if n < expected:
+            raise _truncated(expected, n)
+        if n > expected:
+            raise WireError(f"message has trailing bytes: expected {expected} bytes, got {n}")
+    elif n < pos + value_bytes + min_block + _TRAILER:
+        raise _truncated(pos + value_bytes + min_block + _TRAILER, n, at_least=True)
+
+    (stored,) = struct.unpack_from("<I", buf, n - _TRAILER)
+    computed = zlib.crc32(buf[: n - _TRAILER])
+    if stored != computed:
+        raise WireError(
+            f"checksum mismatch (stored 0x{stored:08x}, computed 0x{computed:08x}): "
+            f"the {n}-byte message is corrupted or truncated"
+        )
+    body = buf[pos : n - _TRAILER]
+    if zstd_body:
+        body = _unzstd(body, value_bytes + min_block, value_bytes + max_block)
+    if len(body) < value_bytes + min_block or len(body) > value_bytes + max_block:
+        raise WireError(f"corrupt body: {len(body)} bytes, expected {value_bytes + min_block}")
+    try:
+        values = np.frombuffer(body, dtype=dtype.newbyteorder("<"), count=count).astype(dtype)
+        block = body[value_bytes:]
+        if kind == KIND_DENSE:
+            return DensePayload(values)
+        if kind == KIND_SKETCH:
+            assert seed is not None
+            return SketchPayload(d=d, seed=seed, table=values.reshape(rows, cols))
+        if coding == CODING_SEED:
+            return SparsePayload(d=d, values=values, seed=seed, scale=scale)
+        if coding == CODING_RICE:
+            idx = _rice_decode(block, k, d)
+        elif coding == CODING_BITMAP:
+            idx = _bitmap_decode(block, k, d)
+        else:
+            idx = _raw_decode(block, k, d)
+        return SparsePayload(d=d, values=values, indices=idx, scale=scale)
+    except WireError:
+        raise
+    except (ValueError, IndexError, OverflowError) as exc:  # pragma: no cover - CRC makes this unlikely
+        raise WireError(f"corrupt {_KIND_NAMES[kind]} body: {exc}") from exc
+
+
+def _unzstd(body: bytes, min_size: int, max_size: int) -> bytes:
+    """Decompress a magicless zstd frame whose declared size lies in ``[min_size, max_size]``."""
+    try:
+        params = zstandard.get_frame_parameters(body, format=zstandard.FORMAT_ZSTD1_MAGICLESS)
+        size = params.content_size
+        if size == zstandard.CONTENTSIZE_UNKNOWN or not min_size <= size <= max_size:
+            raise WireError(
+                f"corrupt compressed body: declared size {size}, allowed [{min_size}, {max_size}]"
+            )
+        dctx = zstandard.ZstdDecompressor(format=zstandard.FORMAT_ZSTD1_MAGICLESS)
+        reader = dctx.decompressobj()
+        out = reader.decompress(body)
+        if not reader.eof or reader.unused_data or len(out) != size:
+            raise WireError("corrupt compressed body: zstd frame incomplete or followed by extra bytes")
+        return out
+    except zstandard.ZstdError as exc:
+        raise WireError(f"corrupt compressed body: {exc}") from exc
+
+
+def payload_kind(payload: DensePayload | SparsePayload | SketchPayload) -> str:
+    """``"dense"``, ``"sparse"`` or ``"sketch"``."""
+    if isinstance(payload, DensePayload):
+        return "dense"
+    if isinstance(payload, SparsePayload):
+        return "sparse"
+    if isinstance(payload, SketchPayload):
+        return "sketch"
+    raise WireError(f"not a payload: {type(payload).__name__}")
