@@ -1,0 +1,158 @@
+"""Type-specific training errors (T4): coverage problem analysis and energy saving.
+
+**Coverage problem analysis.** In a region ``r`` with samples (users or grid bins) ``i ∈ r``, the
+coverage-problem ratio for a signal ``s`` (RSRP, RSRQ or SINR) is the share of samples whose value is
+below the problem threshold ``τ_s``::
+
+    ρ_s(r) = |{i ∈ r : s_i < τ_s}| / |r|
+
+(weak coverage / coverage hole for RSRP, poor quality for RSRQ, interference such as pilot pollution for
+SINR). The training error for ``s`` is the mean absolute difference between the predicted and the real
+ratio over the regions, ``E_s = (1/R) Σ_r |ρ̂_s(r) − ρ_s(r)|`` in [0, 1]; ``coverage_error`` is the mean
+of ``E_s`` over the signals given. Default thresholds are the usual drive-test ones: RSRP −110 dBm,
+RSRQ −15 dB, SINR 0 dB.
+
+**Energy saving.** Energy efficiency is delivered traffic per energy, ``EE = bits / joules``. The error of
+a predicted quantity ``q̂`` against the real ``q`` is the relative L1 error ``Σ|q̂ − q| / Σ|q|``
+(``energy_efficiency_error``, ``energy_consumption_error``); ``energy_error`` is their mean when both are
+given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from sluice.errors import DataError
+
+SIGNALS = ("rsrp", "rsrq", "sinr")
+THRESHOLDS = {"rsrp": -110.0, "rsrq": -15.0, "sinr": 0.0}
+
+
+def _signal(signal: str) -> str:
+    s = signal.lower()
+    if s not in SIGNALS:
+        raise DataError(f"signal must be one of {', '.join(SIGNALS)}, got {signal!r}")
+    return s
+
+
+def coverage_problem_ratio(
+    values: np.ndarray, regions: np.ndarray, signal: str = "rsrp", threshold: float | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(region ids, ρ_s(r))``: per region, the share of samples with ``signal`` below the threshold."""
+    s = _signal(signal)
+    v = np.asarray(values, dtype=np.float64).reshape(-1)
+    reg = np.asarray(regions).reshape(-1)
+    if v.shape != reg.shape:
+        raise DataError(f"{v.size} {s} values but {reg.size} region ids; give one region per sample")
+    tau = THRESHOLDS[s] if threshold is None else float(threshold)
+    ids, inv = np.unique(reg, return_inverse=True)
+    below = np.bincount(inv, weights=(v < tau).astype(np.float64), minlength=ids.size)
+    count = np.bincount(inv, minlength=ids.size)
+    return ids, below / count
+
+
+def coverage_error(
+    real: np.ndarray,
+    predicted: np.ndarray,
+    regions: np.ndarray | None = None,
+    signal: str = "rsrp",
+    threshold: float | None = None,
+) -> float:
+    """``E_s``: mean |predicted − real| coverage-problem ratio over regions.
+
+    With ``regions``, ``real`` and ``predicted`` are per-sample signal values and the ratios are computed
+    from them; without, they already are per-region ratios.
+    """
+    if regions is None:
+        r = np.asarray(real, dtype=np.float64).reshape(-1)
+        p = np.asarray(predicted, dtype=np.float64).reshape(-1)
+        if r.shape != p.shape or r.size == 0:
+            raise DataError(
+                f"real and predicted ratios must have the same non-zero length, got {r.size}, {p.size}"
+            )
+        return float(np.mean(np.abs(p - r)))
+    _, rr = coverage_problem_ratio(real, regions, signal, threshold)
+    _, pr = coverage_problem_ratio(predicted, regions, signal, threshold)
+    return float(np.mean(np.abs(pr - rr)))
+
+
+def coverage_metrics(
+    regions: np.ndarray, columns: dict[str, int] | Sequence[str] = SIGNALS,
+    thresholds: dict[str, float] | None = None,
+) -> dict[str, Callable[[np.ndarray, np.ndarray], float]]:
+    """Metric functions ``f(prediction, target)`` for an engine that predicts per-sample signals.
+
+    ``columns`` maps each signal to its output column (a sequence means columns 0, 1, ...). Returns
+    ``coverage_error_<signal>`` for each and ``coverage_error`` (their mean).
+    """
+    cols = dict(columns) if isinstance(columns, dict) else {s: i for i, s in enumerate(columns)}
+    cols = {_signal(s): i for s, i in cols.items()}
+    th = thresholds or {}
+    reg = np.asarray(regions)
+
+    def one(s: str, i: int) -> Callable[[np.ndarray, np.ndarray], float]:
+        def f(pred: np.ndarray, target: np.ndarray) -> float:
+            p = pred if pred.ndim == 1 else pred[:, i]
+            t = target if target.ndim == 1 else target[:, i]
+            return coverage_error(t, p, reg, s, th.get(s))
+
+        return f
+
+    fns = {f"coverage_error_{s}": one(s, i) for s, i in cols.items()}
+    parts = list(fns.values())
+    fns["coverage_error"] = lambda pred, target: float(np.mean([f(pred, target) for f in parts]))
+    return fns
+
+
+def energy_efficiency(bits: np.ndarray, joules: np.ndarray) -> np.ndarray:
+    """``EE = bits / joules`` (bit/J), element-wise; joules must be > 0."""
+    b = np.asarray(bits, dtype=np.float64)
+    j = np.asarray(joules, dtype=np.float64)
+    if np.any(j <= 0):
+        raise DataError("energy consumption must be > 0 to compute energy efficiency")
+    return b / j
+
+
+def relative_error(real: np.ndarray, predicted: np.ndarray) -> float:
+    """``Σ|q̂ − q| / Σ|q|``."""
+    r = np.asarray(real, dtype=np.float64).reshape(-1)
+    p = np.asarray(predicted, dtype=np.float64).reshape(-1)
+    if r.shape != p.shape or r.size == 0:
+        raise DataError(f"real and predicted must have the same non-zero length, got {r.size} and {p.size}")
+    denom = float(np.abs(r).sum())
+    if denom == 0:
+        raise DataError("the real values are all zero; the relative error is undefined")
+    return float(np.abs(p - r).sum() / denom)
+
+
+def energy_efficiency_error(real: np.ndarray, predicted: np.ndarray) -> float:
+    """Relative L1 error of predicted energy efficiency."""
+    return relative_error(real, predicted)
+
+
+def energy_consumption_error(real: np.ndarray, predicted: np.ndarray) -> float:
+    """Relative L1 error of predicted energy consumption."""
+    return relative_error(real, predicted)
+
+
+def energy_metrics(columns: dict[str, int]) -> dict[str, Callable[[np.ndarray, np.ndarray], float]]:
+    """Metric functions for an engine predicting ``"efficiency"`` and/or ``"consumption"`` columns:
+    ``energy_efficiency_error``, ``energy_consumption_error`` and ``energy_error`` (their mean)."""
+    unknown = set(columns) - {"efficiency", "consumption"}
+    if unknown or not columns:
+        raise DataError(f"energy columns must be 'efficiency' and/or 'consumption', got {sorted(columns)}")
+
+    def one(i: int) -> Callable[[np.ndarray, np.ndarray], float]:
+        def f(pred: np.ndarray, target: np.ndarray) -> float:
+            p = pred if pred.ndim == 1 else pred[:, i]
+            t = target if target.ndim == 1 else target[:, i]
+            return relative_error(t, p)
+
+        return f
+
+    fns = {f"energy_{k}_error": one(i) for k, i in columns.items()}
+    parts = list(fns.values())
+    fns["energy_error"] = lambda pred, target: float(np.mean([f(pred, target) for f in parts]))
+    return fns

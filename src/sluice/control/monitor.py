@@ -1,0 +1,331 @@
+"""Evaluate termination criteria after every iteration, from one observation.
+
+The monitor is pure bookkeeping: it is handed an :class:`Observation` (metrics of the iteration just
+done, active training time, sampled resources, cumulative wire bytes) and answers whether training must
+stop *now*: a :class:`Firing` naming the rule and the criteria that hold with their observed values, an
+anomaly, or ``None``. Because it is called once per iteration and the driver stops as soon as it
+answers, training never runs an iteration after a criterion holds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from sluice.control.params import (
+    ERROR_METRIC,
+    Cause,
+    CriteriaSet,
+    Criterion,
+    Mode,
+    ModelIdentity,
+    Plateau,
+    Requirements,
+    Termination,
+    metric_mode,
+)
+
+
+@dataclass
+class Observation:
+    """Everything a criterion may look at after iteration ``n`` (1-based count of iterations done)."""
+
+    n: int
+    metrics: dict[str, float]
+    elapsed_s: float
+    resources: dict[str, float] = field(default_factory=dict)
+
+
+class Hit(BaseModel):
+    """One criterion that holds: what it compares, the threshold and the value observed."""
+
+    name: str
+    kind: str
+    threshold: float | None = None
+    observed: float | None = None
+    iteration: int
+
+
+class Firing(BaseModel):
+    """A rule that fired: a single criterion (any-of) or an all-of group, with every hit in it."""
+
+    rule: str
+    kind: str
+    iteration: int
+    hits: list[Hit]
+    also: list[str] = []
+
+    @property
+    def success(self) -> bool:
+        """True when the rule reached a result (performance, error, plateau) rather than a budget."""
+        return any(h.kind in ("performance", "training_error", "plateau", "requirements") for h in self.hits)
+
+
+@dataclass
+class Anomaly:
+    cause: Cause
+    detail: str
+    iteration: int
+
+
+class _Condition:
+    """One criterion with its warm-up and patience bookkeeping.
+
+    ``check`` returns ``(holds, observed)`` or ``None`` when the observation does not carry the value
+    (for example a metric only evaluated every few rounds): then the state is left as it was.
+    """
+
+    def __init__(self, name: str, kind: str, threshold: float | None, patience: int, warmup: int) -> None:
+        self.name, self.kind, self.threshold = name, kind, threshold
+        self.patience, self.warmup = patience, warmup
+        self.streak = 0
+        self.observed: float | None = None
+
+    def spec(self) -> tuple[Any, ...]:
+        """What defines the criterion; equal specs may share state across parameter updates."""
+        return (type(self).__name__, self.name, self.threshold, self.patience, self.warmup,
+                getattr(self, "metric", None), getattr(self, "delta", None), getattr(self, "resource", None))
+
+    def check(self, obs: Observation) -> tuple[bool, float] | None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def step(self, obs: Observation) -> bool | None:
+        """Update with ``obs``; True/False = satisfied or not now; None = not evaluated this iteration."""
+        r = self.check(obs)
+        if r is None:
+            return None
+        holds, self.observed = r
+        if obs.n <= self.warmup:
+            self.streak = 0
+            return False
+        self.streak = self.streak + 1 if holds else 0
+        return self.streak >= self.patience
+
+    @property
+    def satisfied(self) -> bool:
+        return self.streak >= self.patience
+
+    def hit(self, n: int) -> Hit:
+        return Hit(
+            name=self.name, kind=self.kind, threshold=self.threshold, observed=self.observed, iteration=n
+        )
+
+
+class _Metric(_Condition):
+    def __init__(self, name: str, kind: str, metric: str, c: Criterion) -> None:
+        super().__init__(name, kind, c.threshold, c.patience, c.warmup)
+        self.metric, self.mode, self.delta = metric, metric_mode(metric), c.min_delta
+
+    def check(self, obs: Observation) -> tuple[bool, float] | None:
+        v = obs.metrics.get(self.metric)
+        if v is None or not math.isfinite(v):
+            return None
+        thr = self.threshold
+        assert thr is not None
+        return (v >= thr + self.delta if self.mode == "max" else v <= thr - self.delta), v
+
+
+class _Plateau(_Condition):
+    def __init__(self, metric: str, p: Plateau) -> None:
+        super().__init__(f"plateau.{metric}", "plateau", None, p.patience, p.warmup)
+        self.metric, self.mode, self.delta = metric, metric_mode(metric), p.min_delta
+        self.best: float | None = None
+
+    def check(self, obs: Observation) -> tuple[bool, float] | None:
+        v = obs.metrics.get(self.metric)
+        if v is None or not math.isfinite(v):
+            return None
+        sign = 1.0 if self.mode == "max" else -1.0
+        improved = self.best is None or sign * (v - self.best) > self.delta
+        if improved:
+            self.best = v
+        return (not improved), v
+
+
+class _Count(_Condition):
+    def __init__(self, name: str, limit: int) -> None:
+        super().__init__(name, "iterations", float(limit), 1, 0)
+
+    def check(self, obs: Observation) -> tuple[bool, float]:
+        assert self.threshold is not None
+        return obs.n >= self.threshold, float(obs.n)
+
+
+class _Time(_Condition):
+    def __init__(self, name: str, limit: float, kind: str = "training_time") -> None:
+        super().__init__(name, kind, limit, 1, 0)
+
+    def check(self, obs: Observation) -> tuple[bool, float]:
+        assert self.threshold is not None
+        return obs.elapsed_s >= self.threshold, obs.elapsed_s
+
+
+class _Resource(_Condition):
+    def __init__(self, resource: str, c: Criterion) -> None:
+        super().__init__(f"resources.{resource}", "resource", c.threshold, c.patience, c.warmup)
+        self.resource, self.delta = resource, c.min_delta
+
+    def check(self, obs: Observation) -> tuple[bool, float] | None:
+        v = obs.resources.get(self.resource)
+        if v is None:
+            return None
+        assert self.threshold is not None
+        return v >= self.threshold + self.delta, v
+
+
+def _conditions(cs: CriteriaSet, prefix: str, error_metric: str) -> list[_Condition]:
+    out: list[_Condition] = []
+    if cs.training_error is not None:
+        metric = cs.error_metric or error_metric
+        out.append(_Metric(f"{prefix}training_error", "training_error", metric, cs.training_error))
+    if cs.iterations is not None:
+        out.append(_Count(f"{prefix}iterations", cs.iterations))
+    if cs.training_time_s is not None:
+        out.append(_Time(f"{prefix}training_time_s", cs.training_time_s))
+    for name, c in cs.resources.items():
+        r = _Resource(name, c)
+        r.name = prefix + r.name
+        out.append(r)
+    for metric, c in cs.performance.items():
+        out.append(_Metric(f"{prefix}performance.{metric}", "performance", metric, c))
+    for metric, p in cs.plateau.items():
+        pl = _Plateau(metric, p)
+        pl.name = prefix + pl.name
+        out.append(pl)
+    return out
+
+
+class _Rule:
+    def __init__(self, name: str, conditions: list[_Condition]) -> None:
+        self.name, self.conditions = name, conditions
+        self.key = (name, tuple(c.spec() for c in conditions))
+
+    @property
+    def kind(self) -> str:
+        return self.conditions[0].kind if len(self.conditions) == 1 else "all_of"
+
+    def step(self, obs: Observation) -> bool:
+        changed = False
+        for c in self.conditions:
+            if c.step(obs) is not None:
+                changed = True
+        return changed and all(c.satisfied for c in self.conditions)
+
+
+def effective_error_metric(termination: CriteriaSet, model: ModelIdentity | None) -> str:
+    """The metric the training error criterion watches: explicit, else by model type (T4), else train_loss."""
+    if termination.error_metric:
+        return termination.error_metric
+    mt = model.model_type if model else None
+    return ERROR_METRIC.get(mt, "train_loss") if mt else "train_loss"
+
+
+def build_rules(
+    termination: Termination, requirements: Requirements | None, model: ModelIdentity | None
+) -> list[_Rule]:
+    """Rules in evaluation order: top-level criteria (one rule each), all-of groups, then the rules the
+    requirements imply (every performance threshold met: an all-of group; the maximum training time)."""
+    err = effective_error_metric(termination, model)
+    rules: list[_Rule] = []
+    for c in _conditions(termination, "", err):
+        rules.append(_Rule(c.name, [c]))
+    for i, g in enumerate(termination.all_of):
+        name = g.name or f"all_of[{i}]"
+        conds = _conditions(g, f"{name}.", effective_error_metric(g, model) if g.error_metric else err)
+        rules.append(_Rule(name, conds))
+    if requirements is not None:
+        if requirements.performance and requirements.stop_when_met:
+            conds = [
+                _Metric(f"requirements.performance.{m}", "requirements", m, Criterion(threshold=v))
+                for m, v in requirements.performance.items()
+            ]
+            rules.append(_Rule("requirements.performance", conds))
+        if requirements.max_training_time_s is not None:
+            t = _Time("requirements.max_training_time_s", requirements.max_training_time_s, "training_time")
+            rules.append(_Rule(t.name, [t]))
+    return rules
+
+
+class Monitor:
+    """Decides after each iteration whether training stops, and why."""
+
+    def __init__(
+        self,
+        termination: Termination,
+        requirements: Requirements | None = None,
+        model: ModelIdentity | None = None,
+    ) -> None:
+        self.model = model
+        self.requirements = requirements
+        self.termination = termination
+        self.rules = build_rules(termination, requirements, model)
+        self.error_metric = effective_error_metric(termination, model)
+
+    @property
+    def metrics_watched(self) -> set[str]:
+        """Every metric some criterion or divergence check reads."""
+        out = set(self.termination.divergence)
+        for r in self.rules:
+            for c in r.conditions:
+                if isinstance(c, _Metric | _Plateau):
+                    out.add(c.metric)
+        return out
+
+    @property
+    def resources_watched(self) -> set[str]:
+        return {c.resource for r in self.rules for c in r.conditions if isinstance(c, _Resource)}
+
+    def update(self, termination: Termination, requirements: Requirements | None = None) -> None:
+        """Install new parameters; criteria whose specification did not change keep their state."""
+        old = {r.key: r for r in self.rules}
+        self.termination = termination
+        if requirements is not None:
+            self.requirements = requirements
+        rules = build_rules(termination, self.requirements, self.model)
+        self.rules = [old.get(r.key, r) for r in rules]
+        self.error_metric = effective_error_metric(termination, self.model)
+
+    def anomaly(self, obs: Observation) -> Anomaly | None:
+        """Non-finite metrics (when ``check_finite``) and divergence bounds."""
+        t = self.termination
+        if t.check_finite:
+            bad = sorted(k for k, v in obs.metrics.items() if isinstance(v, float) and not math.isfinite(v))
+            if bad:
+                what = ", ".join(f"{k}={obs.metrics[k]}" for k in bad)
+                return Anomaly(Cause.DIVERGED, f"non-finite metric at iteration {obs.n}: {what}", obs.n)
+        for metric, bound in t.divergence.items():
+            v = obs.metrics.get(metric)
+            if v is None:
+                continue
+            mode: Mode = metric_mode(metric)
+            if (v > bound) if mode == "min" else (v < bound):
+                rel = ">" if mode == "min" else "<"
+                return Anomaly(
+                    Cause.DIVERGED, f"{metric}={v:.6g} {rel} divergence bound {bound:g} at iteration {obs.n}",
+                    obs.n,
+                )
+        return None
+
+    def observe(self, obs: Observation) -> Firing | Anomaly | None:
+        """Evaluate every rule on ``obs`` (all of them, so patience counters stay exact).
+
+        When several rules fire at the same iteration, the first one that reached a result (performance,
+        training error, plateau, requirements) is reported, else the first in order; the names of the
+        others are listed in ``also``.
+        """
+        a = self.anomaly(obs)
+        if a is not None:
+            return a
+        fired = [
+            Firing(rule=r.name, kind=r.kind, iteration=obs.n, hits=[c.hit(obs.n) for c in r.conditions])
+            for r in self.rules
+            if r.step(obs)
+        ]
+        if not fired:
+            return None
+        main = next((f for f in fired if f.success), fired[0])
+        main.also = [f.rule for f in fired if f is not main]
+        return main
