@@ -41,7 +41,7 @@ def local_train(
             loss = loss_fn(model(Xt[b]), yt[b])
             loss.backward()
             opt.step()
-            total += float(loss) * len(b)
+            total += loss.item() * len(b)
             count += len(b)
     delta = get_flat(model).astype(np.float64) - params.astype(np.float64)
     return delta, total / max(count, 1)
