@@ -33,6 +33,7 @@ from sluice.control.params import (
 )
 from sluice.control.process import TrainingProcess, train
 from sluice.control.producer import Producer, ProducerPolicy, RequestResponse, RunHistory, TrainingRequest
+from sluice.control.replay import ReplayEngine
 from sluice.control.report import TrainingReport
 from sluice.control.resources import ResourceSampler
 
@@ -59,6 +60,7 @@ __all__ = [
     "Producer",
     "ProducerPolicy",
     "Proposal",
+    "ReplayEngine",
     "RequestResponse",
     "Requirements",
     "ResourceSampler",
