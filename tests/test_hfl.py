@@ -91,6 +91,13 @@ def test_stale_terminal_reconstructs_bit_exactly(mode: str) -> None:
             sizes.append(len(msg))
         state, idx = server_step(state, rng.normal(size=d), ratio=0.01)
         down.record(idx)
+        broadcast = down.anchor_broadcast(state.params)
+        assert (broadcast is not None) == (mode == "anchor" and rnd % 4 == 0)
+        if broadcast is not None:
+            for t in held:
+                held[t] = apply_message(held[t], broadcast)
+                assert held[t].tobytes() == state.params.tobytes()
+            sizes.append(len(broadcast))
     dense_len = max(sizes)
     if mode != "dense":
         assert min(sizes) < dense_len / 5  # sparse patches are much smaller than the dense model

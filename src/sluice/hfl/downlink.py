@@ -14,9 +14,9 @@ Modes (``compression.downlink``):
 * ``initial``: changes relative to the initial model θ_0 (terminals keep θ_0 and the message replaces the
   changed coordinates): ``r = 0`` for everyone.
 * ``per-client``: changes since that terminal's last synced round.
-* ``anchor``: every A rounds the current model becomes the anchor; a terminal that has synced since the
-  anchor round gets the changes since the anchor; one that has not gets the model dense (which delivers the
-  anchor and the changes at once). The server keeps only the anchor round and one flag per terminal.
+* ``anchor``: every A rounds the current model becomes the anchor and is broadcast to every terminal as a
+  patch against the previous anchor (counted once per terminal); a sampled terminal then gets the changes
+  since the anchor round. The server keeps no state per terminal at all, only the anchor round.
 """
 
 from __future__ import annotations
@@ -47,25 +47,36 @@ class Downlink:
         """Note that the server finished a round changing coordinates ``changed``."""
         self.round += 1
         self.stamp[changed] = self.round
-        if self.mode == "anchor" and self.round % self.anchor_every == 0:
-            self.anchor_round = self.round
+
+    def anchor_broadcast(self, params: np.ndarray) -> bytes | None:
+        """In anchor mode, every A rounds: make ``params`` the anchor and return the message every terminal
+        receives (a patch against the previous anchor, or dense if smaller); otherwise None."""
+        if self.mode != "anchor" or self.round % self.anchor_every or self.round == self.anchor_round:
+            return None
+        msg = self._encode(params, self.anchor_round)
+        self.anchor_round = self.round
+        return msg
 
     def _base_round(self, terminal: int) -> int | None:
         """The round whose model the terminal can patch, or None when it must get the model dense."""
         if self.mode == "initial":
             return 0
-        last = self.synced.get(terminal, 0)
         if self.mode == "per-client":
-            return last
+            return self.synced.get(terminal, 0)
         if self.mode == "anchor":
-            return self.anchor_round if last >= self.anchor_round else None
+            return self.anchor_round
         return None
 
     def message(self, terminal: int, params: np.ndarray) -> bytes:
         """The encoded message that brings ``terminal`` to ``params`` (the current server model)."""
-        dense = encode(DensePayload(values=params.astype(np.float32)))
         base = self._base_round(terminal)
-        self.synced[terminal] = self.round
+        if self.mode == "per-client":
+            self.synced[terminal] = self.round
+        return self._encode(params, base)
+
+    def _encode(self, params: np.ndarray, base: int | None) -> bytes:
+        """The changes since round ``base`` as a sparse patch, or the dense model when that is smaller."""
+        dense = encode(DensePayload(values=params.astype(np.float32)))
         if base is None:
             return dense
         idx = np.flatnonzero(self.stamp > base)

@@ -146,6 +146,11 @@ class HFLEngine:
             self.server = ServerState(self.server.params, self.server.residual, self.server.momentum, rnd)
             changed = np.zeros(0, dtype=np.int64)
         self.downlink.record(changed)
+        broadcast = self.downlink.anchor_broadcast(self.server.params)
+        if broadcast is not None:  # every terminal receives the new anchor
+            for c in range(n):
+                self.terminal_models[c] = apply_message(self.terminal_models.get(c, self.theta0), broadcast)
+            bytes_down += n * len(broadcast)
         metrics: dict[str, float] = {"participants": float(len(estimates)), "dropped": float(int(failed.sum()))}
         if losses:
             metrics["train_loss"] = float(np.average(losses, weights=weights))
