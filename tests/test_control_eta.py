@@ -35,7 +35,7 @@ CURVES = [
 @pytest.mark.parametrize(("c", "a", "alpha", "noise", "mode"), CURVES)
 @pytest.mark.parametrize("frac", [0.3, 0.5, 0.75])
 def test_eta_within_15_percent_once_30_percent_done(c, a, alpha, noise, mode, frac) -> None:
-    """Target = the curve's value at N = 200; after frac·N iterations the remaining estimate is within 15 %."""
+    """Target = the curve's value at N = 200; after frac·N iterations the estimate is within 15 %."""
     rng = np.random.default_rng(7)
     total = 200
     target = c + a * total**-alpha

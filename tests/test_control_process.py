@@ -175,7 +175,8 @@ def test_data_loop_resumes_with_identical_weights(digits) -> None:
             snap["after_first"] = eng.params.copy()
 
     rep = train(eng, {"iterations": 3}, data_provider=provider, on_state=on_state, on_event=on_event)
-    assert seen == [ProcessState.RUNNING, ProcessState.AWAITING_DATA, ProcessState.RUNNING, ProcessState.FINISHED]
+    S = ProcessState
+    assert seen == [S.RUNNING, S.AWAITING_DATA, S.RUNNING, S.FINISHED]
     assert rep.cause == Cause.CRITERION_MET and rep.iterations == 3 and rep.awaited_data == 1
     assert eng.num_samples == 600
     # no training happened while waiting: the first iteration after the data starts from the initial weights
@@ -198,7 +199,8 @@ def test_data_loop_mid_training_keeps_model_state() -> None:
         def iterate(self) -> IterationEvent:
             self.calls += 1
             if self.n == 2 and not self.data:
-                return IterationEvent(iteration=self.n, anomaly="INADEQUATE_TRAINING_DATA", detail="class 7 missing")
+                return IterationEvent(iteration=self.n, anomaly="INADEQUATE_TRAINING_DATA",
+                                      detail="class 7 missing")
             self.n += 1
             self.weights = self.weights + 1
             return IterationEvent(iteration=self.n, metrics={"train_loss": 1.0 / self.n}, seconds=1.0)
@@ -274,7 +276,8 @@ def test_suspend_and_resume_from_another_thread() -> None:
 
     proc.on_event = on_event
     rep = proc.run()
-    assert states == [ProcessState.RUNNING, ProcessState.SUSPENDED, ProcessState.RUNNING, ProcessState.FINISHED]
+    S = ProcessState
+    assert states == [S.RUNNING, S.SUSPENDED, S.RUNNING, S.FINISHED]
     assert rep.iterations == 5 and eng.calls == 5 and not eng.suspended
 
 

@@ -13,6 +13,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from sluice.control.params import Requirements, Termination
 from sluice.errors import ConfigError
 
 
@@ -76,6 +77,10 @@ class RunConfig(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     compression: CompressionConfig = Field(default_factory=CompressionConfig)
+    requirements: Requirements | None = Field(None, description="training requirements (R1); none by default")
+    termination: Termination | None = Field(
+        None, description="termination parameters (T1); train.rounds is the iteration limit unless given here"
+    )
 
 
 M = TypeVar("M", bound=BaseModel)

@@ -14,9 +14,10 @@ from rich.console import Console
 from sluice import __version__
 from sluice.errors import SluiceError
 
+from . import control as _control
 from . import run as _run
 
-_COMMANDS = [_run]
+_COMMANDS = [_run, _control]
 try:  # optional sub-commands added by other packages of Sluice
     from . import split as _split
 

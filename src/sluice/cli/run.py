@@ -9,7 +9,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from sluice.cli.control import report_table, status_writer, termination_for_run
 from sluice.config import RunConfig, load_config
+from sluice.control import ModelIdentity, ResourceSampler, TrainingProcess
+from sluice.control.inbox import inbox_of
 from sluice.hfl import HFLEngine
 from sluice.plots import plot_accuracy
 from sluice.runs import History, RunDir
@@ -49,6 +52,8 @@ def summarize(history: History, engine: HFLEngine, wall: float) -> dict:
 
 def _main(args: argparse.Namespace) -> int:
     cfg: RunConfig = load_config(args.config, args.overrides)
+    termination = termination_for_run(cfg.termination, cfg.train.rounds)
+    cfg.train.rounds = termination.iterations  # [termination] iterations, when given, is the round limit
     console = Console()
     t_start = time.perf_counter()
     engine = HFLEngine(cfg)
@@ -68,21 +73,24 @@ def _main(args: argparse.Namespace) -> int:
                    TextColumn("down {task.fields[down]}"), TimeElapsedColumn()]
         with Progress(*columns, console=console, transient=False) as progress:
             task = progress.add_task("train", total=cfg.train.rounds, acc="-", up="0", down="0")
-            for _ in range(cfg.train.rounds):
-                event = engine.iterate()
+
+            def on_event(event, proc) -> None:
                 run.log(history.add(event))
                 acc = history.last("test_accuracy")
                 progress.update(task, advance=1, acc=f"{acc:.4f}" if acc is not None else "-",
                                 up=_mb(history.cum_bytes_up), down=_mb(history.cum_bytes_down))
-                if event.anomaly:
-                    console.print(f"[red]stopped: {event.anomaly}: {event.detail}[/]")
-                    break
+
+            identity = ModelIdentity(id=f"hfl-{cfg.data.dataset}-mlp")
+            report = TrainingProcess(
+                engine, termination, cfg.requirements, identity, on_event=on_event, on_state=status_writer(run),
+                save_path=run.path / "model.pt", sampler=ResourceSampler(), inbox=inbox_of(run.path),
+                inbox_adapter=lambda d: (d.get("terminal", 0), d["X"], d["y"]),
+            ).run()
         wall = time.perf_counter() - t_start
         summary = summarize(history, engine, wall)
         run.write_json("summary.json", summary)
+        run.write_json("report.json", report.to_json())
         plot_accuracy(history.records, run.path)
-        engine.save(run.path / "model.pt")
-        engine.stop()
     table = Table(title=f"Sluice run — {run.path}")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -91,4 +99,5 @@ def _main(args: argparse.Namespace) -> int:
                                                                    else str(value))
         table.add_row(key, shown)
     console.print(table)
+    console.print(report_table(report))
     return 0

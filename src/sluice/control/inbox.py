@@ -1,9 +1,10 @@
 """A run's data inbox: how a consumer hands more training data to a process that is AWAITING_DATA.
 
 ``put`` checks a ``.npz`` file holding arrays ``X`` (samples × features) and ``y`` (one label or target
-row per sample) and moves a copy into ``<run dir>/inbox/`` under a temporary name first, so a reader
-never sees half a file. ``take`` returns the oldest waiting file as ``{"X": ..., "y": ...}`` and moves
-it to ``inbox/consumed/``.
+row per sample), optionally ``terminal`` (an integer: which party of a federated run gets it), and
+moves a copy into ``<run dir>/inbox/`` under a temporary name first, so a reader never sees half a
+file. ``take`` returns the oldest waiting file as ``{"X": ..., "y": ...}`` and moves it to
+``inbox/consumed/``.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ def inbox_of(run_dir: str | Path) -> Path:
     return Path(run_dir) / INBOX
 
 
-def load_arrays(path: str | Path) -> dict[str, np.ndarray]:
-    """Read and check a data file: ``.npz`` with ``X`` (2-D) and ``y`` of the same length."""
+def load_arrays(path: str | Path) -> dict[str, Any]:
+    """Read and check a data file: ``.npz`` with ``X`` (2-D), ``y`` of the same length and optionally
+    an integer ``terminal``."""
     p = Path(path)
     if not p.is_file():
         raise DataError(f"data file not found: {p}")
@@ -42,22 +44,42 @@ def load_arrays(path: str | Path) -> dict[str, np.ndarray]:
         raise DataError(f"X must be a non-empty 2-D array (samples × features), got shape {X.shape}")
     if y.shape[0] != X.shape[0]:
         raise DataError(f"X has {X.shape[0]} rows but y has {y.shape[0]}; they must match")
-    if not np.isfinite(X).all():
-        raise DataError("X holds NaN or infinite values")
-    return {"X": X, "y": y}
+    if not np.issubdtype(X.dtype, np.number) or not np.isfinite(X).all():
+        raise DataError("X must hold finite numbers")
+    out: dict[str, Any] = {"X": X, "y": y}
+    if "terminal" in arrays:
+        t = arrays["terminal"]
+        if t.size != 1 or not np.issubdtype(t.dtype, np.integer) or int(t.reshape(-1)[0]) < 0:
+            raise DataError(f"terminal must be one integer >= 0, got {t!r}")
+        out["terminal"] = int(t.reshape(-1)[0])
+    return out
 
 
-def put(run_dir: str | Path, path: str | Path) -> Path:
-    """Check ``path`` and drop it into the run's inbox; return where it landed."""
-    arrays = load_arrays(path)
-    box = inbox_of(run_dir)
+def save_arrays(path: str | Path, X: np.ndarray, y: np.ndarray, terminal: int | None = None) -> Path:
+    """Write a data file that :func:`put` accepts."""
+    arrays: dict[str, np.ndarray] = {"X": np.asarray(X), "y": np.asarray(y)}
+    if terminal is not None:
+        arrays["terminal"] = np.asarray(int(terminal))
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+    return Path(path)
+
+
+def put(run_dir: str | Path, path: str | Path, terminal: int | None = None) -> Path:
+    """Check ``path`` and drop it into the run's inbox (for ``terminal``, when given); return where it
+    landed."""
     if not Path(run_dir).is_dir():
         raise DataError(f"run directory not found: {run_dir}")
+    arrays = load_arrays(path)
+    if terminal is not None:
+        if terminal < 0:
+            raise DataError(f"terminal must be >= 0, got {terminal}")
+        arrays["terminal"] = terminal
+    box = inbox_of(run_dir)
     box.mkdir(exist_ok=True)
     name = f"{time.time_ns():020d}-{os.getpid()}.npz"
     tmp = box / (name + ".tmp")
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
+    save_arrays(tmp, arrays["X"], arrays["y"], arrays.get("terminal"))
     final = box / name
     os.replace(tmp, final)
     return final

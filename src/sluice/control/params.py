@@ -24,10 +24,19 @@ import math
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from sluice.config import Section, format_validation_error
 from sluice.errors import ConfigError
+
+
+class Section(BaseModel):
+    """Base of every control section: unknown keys are errors, values are validated on assignment.
+
+    (The same rules as :class:`sluice.config.Section`; defined here so that ``sluice.config`` can embed
+    these sections without an import cycle.)
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 Mode = Literal["min", "max"]
 
@@ -447,6 +456,8 @@ def _parse(model: type[Section], data: Any, what: str) -> Any:
     try:
         return model.model_validate(data or {})
     except ValidationError as exc:
+        from sluice.config import format_validation_error
+
         msg = format_validation_error(exc).replace("invalid configuration", f"invalid {what}")
         raise ConfigError(msg) from exc
 

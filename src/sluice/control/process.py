@@ -86,6 +86,7 @@ class TrainingProcess:
         sampler: ResourceSampler | None = None,
         data_provider: DataProvider | None = None,
         inbox: str | Path | None = None,
+        inbox_adapter: Callable[[dict[str, Any]], Any] | None = None,
         expected_iterations: int | None = None,
         probe_iterations: int = 2,
         clock: Callable[[], float] = time.monotonic,
@@ -101,6 +102,7 @@ class TrainingProcess:
         self.save_path = None if save_path is None else str(save_path)
         self.data_provider = data_provider
         self.inbox = None if inbox is None else Path(inbox)
+        self.inbox_adapter = inbox_adapter
         self.expected_iterations = expected_iterations
         self.probe_iterations = max(1, probe_iterations)
         self.clock = clock
@@ -265,7 +267,7 @@ class TrainingProcess:
         if self.inbox is not None:
             got = _inbox.take(self.inbox)
             if got is not None:
-                return got
+                return self.inbox_adapter(got) if self.inbox_adapter else got
         if self.data_provider is not None and not asked:
             return self.data_provider(interim)
         return None

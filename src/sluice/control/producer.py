@@ -27,7 +27,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from sluice.config import Section
 from sluice.control.feasibility import Feasibility, check_compute, check_data, check_layers
 from sluice.control.monitor import effective_error_metric
 from sluice.control.negotiation import Agreement, DecidedBy, Proposal, Review, negotiate
@@ -36,6 +35,7 @@ from sluice.control.params import (
     ModelIdentity,
     ProcessState,
     Requirements,
+    Section,
     Termination,
     metric_mode,
     normalise_model_type,

@@ -15,7 +15,8 @@ from typing import Any
 from sluice.engine import IterationEvent
 from sluice.errors import DataError, TrainingError
 
-_EVENT_KEYS = {"iteration", "round", "bytes_up", "bytes_down", "seconds", "anomaly", "detail"}
+_EVENT_KEYS = {"iteration", "round", "step", "bytes_up", "bytes_down", "cum_bytes_up", "cum_bytes_down",
+               "seconds", "anomaly", "detail"}
 
 
 class ReplayClock:
@@ -35,7 +36,7 @@ def _event(i: int, item: Any, default_seconds: float) -> IterationEvent:
     if isinstance(item, IterationEvent):
         return item
     if not isinstance(item, Mapping):
-        raise DataError(f"record {i} must be a dict of metrics or an IterationEvent, got {type(item).__name__}")
+        raise DataError(f"record {i} must be a metrics dict or an IterationEvent, not {type(item).__name__}")
     metrics = item.get("metrics")
     if metrics is None:
         metrics = {k: float(v) for k, v in item.items()

@@ -1,0 +1,182 @@
+"""Who decides (T2), feasibility before training (R3), triggers (T7) and one-to-many requests (R4)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sluice.control import (
+    Cause,
+    Consumer,
+    ModelIdentity,
+    Producer,
+    ProducerPolicy,
+    Requirements,
+    RunHistory,
+    Termination,
+    TrainingRequest,
+    negotiate,
+    train_many,
+)
+from sluice.control.producer import RunRecord
+from sluice.errors import NegotiationError
+from sluice.local import LocalTrainer
+
+
+@pytest.fixture(scope="module")
+def digits():
+    from sluice.data import load_dataset
+
+    return load_dataset("digits", seed=0)
+
+
+def _factory(ds, n_train: int | None = None, **kw):
+    def make(model, requirements):
+        n = n_train or len(ds.y_train)
+        return LocalTrainer(ds.X_train[:n], ds.y_train[:n], ds.X_test, ds.y_test, num_classes=10,
+                            hidden=(16,), **kw)
+
+    return make
+
+
+MODEL = ModelIdentity(id="fault-mlp", type="fault_prediction")
+
+
+# --------------------------------------------------------------------------------- T2: who decides
+def test_consumer_decides(digits) -> None:
+    p = Producer("p", _factory(digits))
+    ag = negotiate(p, MODEL, mode="consumer", termination={"iterations": 3})
+    assert ag.decided_by == "consumer" and ag.termination.iterations == 3 and ag.proposal is None
+    with pytest.raises(NegotiationError, match="needs the consumer's termination"):
+        negotiate(p, MODEL, mode="consumer")
+    with pytest.raises(NegotiationError, match="mode must be"):
+        negotiate(p, MODEL, mode="whoever")  # type: ignore[arg-type]
+
+
+def test_producer_decides_from_requirements_type_and_history(digits) -> None:
+    hist = RunHistory()
+    p = Producer("p", _factory(digits), ProducerPolicy(default_iterations=77), hist)
+    req = Requirements(performance={"accuracy": 0.9}, max_training_time_s=30)
+    t = negotiate(p, MODEL, req, mode="producer").termination
+    assert t.iterations == 77  # no history yet: policy default
+    assert t.performance["test_accuracy"].threshold == 0.9
+    assert t.training_time_s == 30
+    assert t.plateau["test_accuracy"].patience == 20
+    # past runs of the same model needed 40 iterations -> 1.5 x 40
+    hist.add(RunRecord(model_id="fault-mlp", model_type=MODEL.type, version="1", cause=Cause.CRITERION_MET,
+                       fired="performance.test_accuracy", iterations=40, duration_s=1.0, performance={}))
+    assert p.decide(MODEL, req).iterations == 60
+    # another model of the same type learns from it; a model of another type does not
+    other = ModelIdentity(id="fault-2", type="fault_prediction")
+    assert p.decide(other, req).iterations == 60
+    assert p.decide(ModelIdentity(id="x", type="mobility_analysis"), req).iterations == 77
+    # type-specific training error for coverage problem analysis (T4)
+    cov = ModelIdentity(id="cov", type="coverage_problem_analysis")
+    t = p.decide(cov, None)
+    assert t.training_error.threshold == 0.05 and t.plateau.keys() == {"coverage_error"}
+    with pytest.raises(NegotiationError, match="do not send"):
+        negotiate(p, MODEL, req, mode="producer", termination={"iterations": 3})
+
+
+def test_proposal_accepted_modified_or_rejected(digits) -> None:
+    p = Producer("p", _factory(digits), ProducerPolicy(default_iterations=50))
+    req = Requirements(performance={"accuracy": 0.9})
+    seen = []
+
+    def accept(prop):
+        seen.append(prop)
+        return None
+
+    ag = negotiate(p, MODEL, req, mode="negotiated", review=accept)
+    assert ag.decided_by == "negotiated" and not ag.modified
+    assert ag.termination == seen[0].termination and seen[0].rationale
+    ag = negotiate(p, MODEL, req, mode="negotiated",
+                   review=lambda prop: {"iterations": 10, "plateau": None})
+    assert ag.modified and ag.termination.iterations == 10 and not ag.termination.plateau
+    assert ag.proposal.termination.iterations == 50
+    ag = negotiate(p, MODEL, req, mode="negotiated", review=lambda prop: Termination(iterations=4))
+    assert ag.termination.iterations == 4 and ag.termination.performance == {}
+    with pytest.raises(NegotiationError, match="rejected"):
+        negotiate(p, MODEL, req, mode="negotiated", review=lambda prop: False)
+
+
+def test_negotiated_parameters_are_used_for_training(digits) -> None:
+    p = Producer("p", _factory(digits), ProducerPolicy(default_iterations=50))
+    req = TrainingRequest(model=MODEL, requirements=Requirements(performance={"accuracy": 0.99}),
+                          decided_by="negotiated")
+    resp = Consumer(review=lambda prop: {"iterations": 3}).request(p, req)
+    assert resp.accepted and resp.agreement.modified
+    assert resp.report.iterations == 3 and resp.report.fired == "iterations"
+    assert resp.report.cause == Cause.PERFORMANCE_NOT_MET
+
+
+# --------------------------------------------------------------------------------- R3: feasibility
+def test_refused_early_for_samples_and_compute(digits) -> None:
+    p = Producer("small", _factory(digits, n_train=80))
+    resp = p.request(TrainingRequest(model=MODEL, requirements=Requirements(min_data_amount=200),
+                                     termination=Termination(iterations=5)))
+    assert not resp.accepted and resp.report.cause == Cause.INSUFFICIENT_TRAINING_SAMPLES
+    assert resp.report.iterations == 0 and p.engines[MODEL.id].iteration == 0
+    assert resp.request_status == "CANCELLED"
+    p = Producer("slow", _factory(digits))
+    resp = p.request(TrainingRequest(model=MODEL, requirements=Requirements(max_training_time_s=0.5),
+                                     termination=Termination(iterations=10**6)))
+    assert not resp.accepted and resp.report.cause == Cause.INSUFFICIENT_COMPUTE
+    assert p.engines[MODEL.id].iteration == 0
+    p = Producer("typed", _factory(digits), ProducerPolicy(supported_types=["energy_saving_analysis"]))
+    resp = p.request(TrainingRequest(model=MODEL, termination=Termination(iterations=5)))
+    assert not resp.accepted and "does not train models of type" in resp.reason
+
+
+# --------------------------------------------------------------------------------- T7: triggers
+def test_consumer_request_then_feedback_and_data_retraining(digits, tmp_path: Path) -> None:
+    hist = RunHistory(tmp_path / "history.jsonl")
+    p = Producer("p", _factory(digits), ProducerPolicy(retrain_below={"precision": 0.8}), hist,
+                 save_dir=tmp_path / "models")
+    resp = p.request(TrainingRequest(model=MODEL, termination=Termination(iterations=2)))
+    assert resp.accepted and resp.trigger == "CONSUMER_REQUEST" and resp.request_status == "FINISHED"
+    assert Path(resp.report.model_path).name == "fault-mlp-v1.pt"
+    w1 = p.engines[MODEL.id].params.copy()
+
+    no = p.feedback(MODEL.id, "precision", 0.93)
+    assert not no.accepted and "meets threshold" in no.reason
+    yes = p.feedback(MODEL.id, "test_precision", 0.6)
+    assert yes.accepted and yes.trigger == "CONSUMER_FEEDBACK"
+    assert yes.report.model.version == "2" and yes.report.iterations == 2
+    assert p.engines[MODEL.id].iteration == 4  # continued from the trained state
+    assert not np.array_equal(p.engines[MODEL.id].params, w1)
+
+    X, y = digits.X_test[:50], digits.y_test[:50]
+    upd = p.data_updated(MODEL.id, {"X": X, "y": y})
+    assert upd.accepted and upd.trigger == "DATA_UPDATED" and upd.report.model.version == "3"
+    assert p.engines[MODEL.id].num_samples == len(digits.y_train) + 50
+
+    assert not p.feedback("unknown", "precision", 0.1).accepted
+    assert not p.data_updated("unknown", {"X": X, "y": y}).accepted
+    assert "no retraining threshold" in p.feedback(MODEL.id, "recall", 0.1).reason
+    # the history survives on disk
+    again = RunHistory(tmp_path / "history.jsonl")
+    assert [r.trigger for r in again.records] == ["CONSUMER_REQUEST", "CONSUMER_FEEDBACK", "DATA_UPDATED"]
+
+
+# --------------------------------------------------------------------------------- R4: one-to-many
+@pytest.mark.parametrize("parallel", [False, True])
+def test_one_consumer_many_producers(digits, parallel: bool) -> None:
+    producers = [
+        Producer("cell-a", _factory(digits, n_train=600)),
+        Producer("cell-b", _factory(digits, n_train=1000)),
+        Producer("cell-c", _factory(digits, n_train=100)),
+    ]
+    req = TrainingRequest(model=MODEL, requirements=Requirements(min_data_amount=500),
+                          termination=Termination(iterations=3))
+    answers = train_many(producers, req, parallel=parallel)
+    assert [a.producer for a in answers] == ["cell-a", "cell-b", "cell-c"]
+    assert [a.accepted for a in answers] == [True, True, False]
+    assert answers[2].report.cause == Cause.INSUFFICIENT_TRAINING_SAMPLES
+    assert all(a.report.iterations == 3 for a in answers[:2])
+    # each producer trained its own data: different models
+    assert not np.array_equal(producers[0].engines[MODEL.id].params, producers[1].engines[MODEL.id].params)
+    with pytest.raises(Exception, match="distinct"):
+        train_many([producers[0], producers[0]], req)
