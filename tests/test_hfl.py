@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from sluice.compress.wire import decode, payload_kind
 from sluice.config import load_config
 from sluice.hfl import HFLEngine
 from sluice.hfl.downlink import Downlink, apply_message
@@ -19,7 +20,8 @@ def _small(**over: object):
 
 
 @pytest.mark.parametrize("rho", [0.0, 0.9])
-def test_error_feedback_invariant(rho: float) -> None:
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_error_feedback_invariant(rho: float, dtype: type) -> None:
     """Σ applied + residual = Σ aggregated (with momentum: Σ momentum increments), coordinate-wise."""
     rng = np.random.default_rng(0)
     d = 500
@@ -28,7 +30,8 @@ def test_error_feedback_invariant(rho: float) -> None:
     for _ in range(40):
         g = rng.normal(size=d)
         before = state.params.astype(np.float64).copy()
-        state, idx = server_step(state, g, ratio=0.02, rho=rho, lr=1.0)
+        state, idx, step = server_step(state, g, ratio=0.02, rho=rho, lr=1.0, value_dtype=dtype)
+        assert step.dtype == dtype
         applied = state.params.astype(np.float64) - before
         assert np.count_nonzero(applied) <= 10
         assert set(np.flatnonzero(applied)) <= set(idx.tolist())
@@ -48,10 +51,12 @@ def test_error_feedback_is_exact_per_step() -> None:
     d = 300
     state = init_server(np.zeros(d, dtype=np.float32))
     g = rng.normal(size=d)
-    new, idx = server_step(state, g, ratio=0.05, rho=0.0)
+    new, idx, step = server_step(state, g, ratio=0.05, rho=0.0, value_dtype=np.float16)
     applied = np.zeros(d)
     applied[idx] = new.params[idx].astype(np.float64)
-    np.testing.assert_array_equal(applied + new.residual, g)  # exact: residual absorbs float32 rounding
+    np.testing.assert_array_equal(applied[idx], step.astype(np.float64))
+    np.testing.assert_array_equal(applied + new.residual, g)  # exact: residual absorbs fp16 rounding
+    assert np.abs(new.residual[idx]).max() > 0
     assert len(idx) == 15
     # the applied coordinates are the 15 largest |g|
     assert set(idx.tolist()) == set(np.argsort(-np.abs(g))[:15].tolist())
@@ -65,42 +70,65 @@ def test_aggregate_weighted_average() -> None:
 
 def test_dense_ratio_is_fedavg() -> None:
     g = np.linspace(-1, 1, 50)
-    state, idx = server_step(init_server(np.ones(50, dtype=np.float32)), g, ratio=1.0)
+    state, idx, _ = server_step(init_server(np.ones(50, dtype=np.float32)), g, ratio=1.0)
     np.testing.assert_allclose(state.params, 1 + g.astype(np.float32), rtol=0, atol=1e-7)
     assert np.all(state.residual == g - g.astype(np.float32).astype(np.float64))
 
 
 @pytest.mark.parametrize("mode", ["per-client", "anchor", "initial", "dense"])
-def test_stale_terminal_reconstructs_bit_exactly(mode: str) -> None:
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_stale_terminal_reconstructs_bit_exactly(mode: str, dtype: type) -> None:
     """A terminal that skipped s rounds rebuilds the server model bit for bit from one message."""
     rng = np.random.default_rng(2)
     d = 2000
     state = init_server(rng.normal(size=d).astype(np.float32))
     theta0 = state.params.copy()
-    down = Downlink(d, mode, anchor_every=4)
+    reference = theta0  # what terminals patch in the initial and anchor modes
+    down = Downlink(d, mode, anchor_every=4, num_terminals=3)
+    kinds = set()
     held = {t: theta0.copy() for t in range(3)}
     schedule = {1: [0, 1, 2], 2: [0], 3: [0], 5: [1], 9: [0, 2], 10: [1], 17: [2], 18: [0, 1, 2]}
     sizes = []
     for rnd in range(1, 19):
         for t in schedule.get(rnd, []):
             msg = down.message(t, state.params)
-            base = theta0 if mode == "initial" else held[t]
+            base = reference if mode in ("initial", "anchor") else held[t]
             held[t] = apply_message(base, msg)
             assert np.array_equal(held[t], state.params), f"terminal {t} at round {rnd}"
             assert held[t].tobytes() == state.params.tobytes()
             sizes.append(len(msg))
-        state, idx = server_step(state, rng.normal(size=d), ratio=0.01)
-        down.record(idx)
+            kinds.add(payload_kind(decode(msg)))
+        state, idx, step = server_step(state, rng.normal(size=d), ratio=0.01, value_dtype=dtype)
+        down.record(idx, step)
         broadcast = down.anchor_broadcast(state.params)
         assert (broadcast is not None) == (mode == "anchor" and rnd % 4 == 0)
-        if broadcast is not None:
-            for t in held:
-                held[t] = apply_message(held[t], broadcast)
-                assert held[t].tobytes() == state.params.tobytes()
+        if broadcast is not None:  # every terminal patches its copy of the previous anchor
+            reference = apply_message(reference, broadcast)
+            assert reference.tobytes() == state.params.tobytes()
             sizes.append(len(broadcast))
     dense_len = max(sizes)
     if mode != "dense":
         assert min(sizes) < dense_len / 5  # sparse patches are much smaller than the dense model
+    if mode in ("per-client", "anchor") and dtype == np.float16:
+        assert "chain" in kinds  # fp16 steps make the patch chain the smallest message at least once
+    if mode == "dense":
+        assert kinds == {"dense"}
+
+
+def test_downlink_log_is_pruned_once_every_terminal_synced() -> None:
+    d = 1000
+    rng = np.random.default_rng(4)
+    state = init_server(np.zeros(d, dtype=np.float32))
+    down = Downlink(d, "per-client", num_terminals=2)
+    for _ in range(5):
+        state, idx, step = server_step(state, rng.normal(size=d), ratio=0.01, value_dtype=np.float16)
+        down.record(idx, step)
+    assert len(down.log) == 5  # nobody synced yet: everything is needed
+    down.message(0, state.params)
+    down.message(1, state.params)
+    state, idx, step = server_step(state, rng.normal(size=d), ratio=0.01, value_dtype=np.float16)
+    down.record(idx, step)
+    assert [r for r, _, _ in down.log] == [6]
 
 
 def test_per_client_message_grows_with_staleness() -> None:
@@ -112,8 +140,8 @@ def test_per_client_message_grows_with_staleness() -> None:
     down.message(1, state.params)
     lengths = {}
     for rnd in range(1, 11):
-        state, idx = server_step(state, rng.normal(size=d), ratio=0.005)
-        down.record(idx)
+        state, idx, step = server_step(state, rng.normal(size=d), ratio=0.005)
+        down.record(idx, step)
         if rnd == 1:
             lengths["fresh"] = len(down.message(0, state.params))
     lengths["stale"] = len(down.message(1, state.params))

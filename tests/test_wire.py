@@ -13,9 +13,11 @@ from hypothesis import strategies as st
 from sluice.compress.wire import (
     MAX_D,
     DensePayload,
+    PatchChain,
     SketchPayload,
     SparsePayload,
     _rice_bits,
+    _varint,
     decode,
     encode,
     index_block_sizes,
@@ -350,10 +352,10 @@ def test_well_signed_but_inconsistent_messages_raise() -> None:
     buf = encode(p, index_coding="rice")
     with pytest.raises(WireError, match="trailing bytes after the last Rice code"):
         decode(_resign(buf[:-4] + b"\x00" + buf[-4:]))
-    # reserved kind
+    # kind 3 (patch chain) with other flag bits set
     buf = bytearray(encode(DensePayload(np.zeros(2, np.float32))))
-    buf[2] |= 0b11
-    with pytest.raises(WireError, match="unknown payload kind 3"):
+    buf[2] |= 0b111
+    with pytest.raises(WireError, match="reserved flag bits"):
         decode(_resign(bytes(buf)))
     # k > d in the header
     buf = bytearray(encode(SparsePayload(d=5, values=np.zeros(2, np.float16), seed=1)))
@@ -393,3 +395,37 @@ def test_invalid_payloads_are_refused() -> None:
         encode(DensePayload(np.zeros(1, np.float32)), index_coding="golomb")  # type: ignore[arg-type]
     with pytest.raises(WireError, match="cannot encode"):
         encode(np.zeros(3, np.float32))  # type: ignore[arg-type]
+
+
+def _chain(seed: int, parts: int, d: int = 3000) -> PatchChain:
+    rng = np.random.default_rng(seed)
+    return PatchChain(tuple(
+        SparsePayload(d=d, values=rng.normal(size=k).astype(np.float16),
+                      indices=np.sort(rng.choice(d, size=k, replace=False)))
+        for k in rng.integers(0, 40, size=parts)
+    ))
+
+
+@pytest.mark.parametrize("parts", [0, 1, 5])
+def test_patch_chain_round_trip_and_corruption(parts: int) -> None:
+    chain_ = _chain(parts, parts)
+    buf = encode(chain_)
+    assert decode(buf) == chain_
+    assert len(buf) == 3 + 1 + sum(len(encode(p)) + len(_varint(len(encode(p)))) for p in chain_.parts) + 4
+    for cut in range(len(buf)):
+        with pytest.raises(WireError):
+            decode(buf[:cut])
+    for pos in range(0, len(buf), 7):
+        bad = bytearray(buf)
+        bad[pos] ^= 0x40
+        with pytest.raises(WireError):
+            decode(bytes(bad))
+
+
+def test_patch_chain_rejects_mixed_lengths_and_seeded_parts() -> None:
+    a = SparsePayload(d=10, values=np.ones(1, np.float32), indices=np.array([3]))
+    b = SparsePayload(d=11, values=np.ones(1, np.float32), indices=np.array([3]))
+    with pytest.raises(WireError, match="share d"):
+        PatchChain((a, b))
+    with pytest.raises(WireError, match="explicit indices"):
+        PatchChain((SparsePayload(d=10, values=np.ones(2, np.float16), seed=5),))

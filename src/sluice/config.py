@@ -66,6 +66,9 @@ class CompressionConfig(Section):
     lossless: Literal["none", "zstd"] = "none"
     down: Literal["dense", "topk"] = "topk"
     down_ratio: float = Field(0.005, gt=0, le=1, description="k/d the server applies per round (top-k)")
+    down_values: Literal["auto", "fp32", "fp16"] = Field(
+        "auto", description="type of the server's applied steps; auto = fp16 with top-k, fp32 with dense"
+    )
     momentum: float = Field(0.0, ge=0, lt=1, description="server momentum rho")
     downlink: Literal["dense", "initial", "per-client", "anchor"] = "per-client"
     anchor_every: int = Field(10, ge=1)

@@ -21,6 +21,7 @@ from sluice.compress.codecs import (
 )
 from sluice.compress.wire import (
     DensePayload,
+    PatchChain,
     Payload,
     SketchPayload,
     SparsePayload,
@@ -32,6 +33,7 @@ from sluice.compress.wire import (
 __all__ = [
     "Compressor",
     "DensePayload",
+    "PatchChain",
     "Payload",
     "SketchPayload",
     "SparsePayload",

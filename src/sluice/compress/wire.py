@@ -6,7 +6,10 @@ Three payload kinds travel:
 * :class:`SparsePayload` -- ``k`` values at ``k`` of ``d`` coordinates, with either explicit indices or a
   64-bit seed from which the receiver regenerates them (rand-k), and a scale ``s`` the receiver applies
   (the estimate is ``s * values`` scattered at the indices);
-* :class:`SketchPayload` -- a ``rows x cols`` count-sketch table of a ``d``-vector plus its hash seed.
+* :class:`SketchPayload` -- a ``rows x cols`` count-sketch table of a ``d``-vector plus its hash seed;
+* :class:`PatchChain` -- an ordered list of sparse patches the receiver *adds* one after another (the
+  downlink's per-round server updates). Layout: magic, version, flags (kind 3, other bits zero), varint
+  ``n``, then ``n`` times (varint length, one complete sparse message), then the CRC-32 trailer.
 
 Message layout (all integers little-endian)::
 
@@ -61,8 +64,8 @@ VERSION = 1
 MAX_D = 2**32 - 1
 """Largest vector length a sparse or sketch payload may describe (indices travel as uint32)."""
 
-KIND_DENSE, KIND_SPARSE, KIND_SKETCH = 0, 1, 2
-_KIND_NAMES = {KIND_DENSE: "dense", KIND_SPARSE: "sparse", KIND_SKETCH: "sketch"}
+KIND_DENSE, KIND_SPARSE, KIND_SKETCH, KIND_CHAIN = 0, 1, 2, 3
+_KIND_NAMES = {KIND_DENSE: "dense", KIND_SPARSE: "sparse", KIND_SKETCH: "sketch", KIND_CHAIN: "chain"}
 CODING_SEED, CODING_RICE, CODING_BITMAP, CODING_RAW = 0, 1, 2, 3
 _CODINGS = {"rice": CODING_RICE, "bitmap": CODING_BITMAP, "raw": CODING_RAW}
 _SCALE_ONE, _SCALE_D_OVER_K, _SCALE_EXPLICIT = 0, 1, 2
@@ -223,7 +226,28 @@ class SketchPayload:
     __hash__ = None  # type: ignore[assignment]
 
 
-Payload = DensePayload | SparsePayload | SketchPayload
+@dataclass(frozen=True, eq=False)
+class PatchChain:
+    """Sparse patches of one ``d``-vector, to be added in order (``x[p.indices] += p.values`` for each p)."""
+
+    parts: tuple[SparsePayload, ...]
+
+    def __post_init__(self) -> None:
+        parts = tuple(self.parts)
+        if any(not isinstance(p, SparsePayload) or p.indices is None for p in parts):
+            raise WireError("a patch chain holds sparse payloads with explicit indices only")
+        if len({p.d for p in parts}) > 1:
+            raise WireError(f"the patches of a chain must share d, got {sorted({p.d for p in parts})}")
+        object.__setattr__(self, "parts", parts)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PatchChain) and len(self.parts) == len(other.parts) and all(
+            a == b for a, b in zip(self.parts, other.parts, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+Payload = DensePayload | SparsePayload | SketchPayload | PatchChain
 """Any payload the wire format carries."""
 
 
@@ -382,7 +406,7 @@ def _value_bytes(arr: np.ndarray) -> bytes:
 
 
 def encode(
-    payload: DensePayload | SparsePayload | SketchPayload,
+    payload: Payload,
     *,
     lossless: bool = False,
     index_coding: IndexCoding = "auto",
@@ -395,6 +419,11 @@ def encode(
     """
     if index_coding != "auto" and index_coding not in _CODINGS:
         raise WireError(f"index_coding must be one of auto, rice, bitmap, raw; got {index_coding!r}")
+    if isinstance(payload, PatchChain):
+        parts = [encode(p, lossless=lossless, index_coding=index_coding) for p in payload.parts]
+        msg = bytes([MAGIC, VERSION, KIND_CHAIN]) + _varint(len(parts))
+        msg += b"".join(_varint(len(part)) + part for part in parts)
+        return msg + struct.pack("<I", zlib.crc32(msg))
     extra = b""
     if isinstance(payload, DensePayload):
         kind, arr = KIND_DENSE, payload.values
@@ -450,7 +479,30 @@ def _truncated(expected: int, got: int, *, at_least: bool = False) -> WireError:
     return WireError(f"message truncated: expected {qual}{expected} bytes, got {got}")
 
 
-def decode(buf: bytes | bytearray | memoryview) -> DensePayload | SparsePayload | SketchPayload:
+def _decode_chain(buf: bytes) -> PatchChain:
+    n = len(buf)
+    if buf[2] != KIND_CHAIN:
+        raise WireError(f"malformed header: reserved flag bits set (flags=0x{buf[2]:02x})")
+    (stored,) = struct.unpack_from("<I", buf, n - _TRAILER)
+    if stored != zlib.crc32(buf[: n - _TRAILER]):
+        raise WireError(f"checksum mismatch: the {n}-byte patch chain is corrupted or truncated")
+    count, pos = _read_varint(buf, _FIXED, "n")
+    parts = []
+    for _ in range(count):
+        size, pos = _read_varint(buf, pos, "part length")
+        if pos + size > n - _TRAILER:
+            raise _truncated(pos + size + _TRAILER, n, at_least=True)
+        part = decode(buf[pos : pos + size])
+        if not isinstance(part, SparsePayload):
+            raise WireError(f"a patch chain part must be sparse, got {payload_kind(part)}")
+        parts.append(part)
+        pos += size
+    if pos != n - _TRAILER:
+        raise WireError(f"patch chain has trailing bytes: expected {pos + _TRAILER} bytes, got {n}")
+    return PatchChain(tuple(parts))
+
+
+def decode(buf: bytes | bytearray | memoryview) -> Payload:
     """Parse one message produced by :func:`encode`; the exact inverse, or :class:`WireError`."""
     buf = bytes(buf)
     n = len(buf)
@@ -462,8 +514,10 @@ def decode(buf: bytes | bytearray | memoryview) -> DensePayload | SparsePayload 
         raise WireError(f"unsupported version {buf[1]} (this build reads {VERSION})")
     flags = buf[2]
     kind = flags & 0b11
-    if kind not in _KIND_NAMES:
-        raise WireError(f"unknown payload kind {kind} (allowed: 0 dense, 1 sparse, 2 sketch)")
+    if kind == KIND_CHAIN:
+        if n < _FIXED + 1 + _TRAILER:
+            raise _truncated(_FIXED + 1 + _TRAILER, n, at_least=True)
+        return _decode_chain(buf)
     dtype = np.dtype(np.float16) if flags & 0b100 else np.dtype(np.float32)
     zstd_body = bool(flags & 0b1000)
     coding = (flags >> 4) & 0b11
@@ -582,12 +636,14 @@ def _unzstd(body: bytes, min_size: int, max_size: int) -> bytes:
         raise WireError(f"corrupt compressed body: {exc}") from exc
 
 
-def payload_kind(payload: DensePayload | SparsePayload | SketchPayload) -> str:
-    """``"dense"``, ``"sparse"`` or ``"sketch"``."""
+def payload_kind(payload: Payload) -> str:
+    """``"dense"``, ``"sparse"``, ``"sketch"`` or ``"chain"``."""
     if isinstance(payload, DensePayload):
         return "dense"
     if isinstance(payload, SparsePayload):
         return "sparse"
     if isinstance(payload, SketchPayload):
         return "sketch"
+    if isinstance(payload, PatchChain):
+        return "chain"
     raise WireError(f"not a payload: {type(payload).__name__}")

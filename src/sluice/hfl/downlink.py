@@ -1,29 +1,34 @@
 """Downlink: what each terminal receives so that it holds the server model exactly (SPEC C4).
 
-The server never keeps a model copy per terminal. It keeps one round stamp per coordinate,
-``stamp[i]`` = the last round in which coordinate i changed — the compacted log of its sparse updates
-(O(d) memory whatever the number of rounds or terminals) — and, per terminal, the round it last synced.
-A terminal that synced at round r holds θ_r, which equals θ_t on every coordinate not changed since r, so
-the message for it is the *changed* coordinates ``{i : stamp[i] > r}`` with their current values. The
-terminal overwrites those coordinates and holds θ_t bit for bit. Whenever the dense model encodes
-smaller, it is sent dense instead.
+The server never keeps a model copy per terminal. It keeps the log of its sparse steps (indices and
+values of every round since the oldest round some terminal still needs: O(rounds·k) memory), one round
+stamp per coordinate (``stamp[i]`` = the last round coordinate i changed) and, per terminal, the round it
+last synced. A terminal that synced at round r holds θ_r exactly, and the message for it is the smallest of
+
+* the **patch chain**: the logged steps of rounds r+1..t, which the terminal adds in order, repeating the
+  server's own float32 additions (cheap when steps travel as fp16);
+* the **replacement patch**: the coordinates changed since r, ``{i : stamp[i] > r}``, with their current
+  fp32 values, which the terminal overwrites (cheap when the same coordinates changed several times);
+* the dense model.
+
+Either way the terminal holds θ_t bit for bit.
 
 Modes (``compression.downlink``):
 
 * ``dense``: the whole model, every time.
-* ``initial``: changes relative to the initial model θ_0 (terminals keep θ_0 and the message replaces the
-  changed coordinates): ``r = 0`` for everyone.
+* ``initial``: changes relative to the initial model θ_0, which terminals keep: ``r = 0`` for everyone.
 * ``per-client``: changes since that terminal's last synced round.
 * ``anchor``: every A rounds the current model becomes the anchor and is broadcast to every terminal as a
-  patch against the previous anchor (counted once per terminal); a sampled terminal then gets the changes
-  since the anchor round. The server keeps no state per terminal at all, only the anchor round.
+  patch against the previous anchor (counted once per terminal); terminals keep the anchor, and a sampled
+  terminal gets the changes since the anchor round to apply to it. The server keeps no state per terminal,
+  only the anchor round and the steps since it.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from sluice.compress.wire import DensePayload, SparsePayload, decode, encode
+from sluice.compress.wire import DensePayload, PatchChain, SparsePayload, decode, encode
 from sluice.errors import ConfigError, WireError
 
 MODES = ("dense", "initial", "per-client", "anchor")
@@ -32,21 +37,35 @@ MODES = ("dense", "initial", "per-client", "anchor")
 class Downlink:
     """Builds the encoded downlink message for a terminal and tracks who holds what."""
 
-    def __init__(self, d: int, mode: str, anchor_every: int = 10) -> None:
+    def __init__(self, d: int, mode: str, anchor_every: int = 10, num_terminals: int = 0) -> None:
         if mode not in MODES:
             raise ConfigError(f"compression.downlink must be one of {', '.join(MODES)}, got {mode!r}")
         self.d = d
         self.mode = mode
         self.anchor_every = anchor_every
+        self.num_terminals = num_terminals
         self.stamp = np.zeros(d, dtype=np.int32)
         self.round = 0
         self.anchor_round = 0
         self.synced: dict[int, int] = {}
+        self.log: list[tuple[int, np.ndarray, np.ndarray]] = []
 
-    def record(self, changed: np.ndarray) -> None:
-        """Note that the server finished a round changing coordinates ``changed``."""
+    def record(self, changed: np.ndarray, step: np.ndarray | None = None) -> None:
+        """Note that the server finished a round adding ``step`` at coordinates ``changed``."""
         self.round += 1
         self.stamp[changed] = self.round
+        if self.mode in ("per-client", "anchor") and step is not None:
+            self.log.append((self.round, np.asarray(changed, dtype=np.int64), step))
+            self._prune()
+
+    def _prune(self) -> None:
+        """Forget steps no terminal can need: those at or before every terminal's base round."""
+        if self.mode == "anchor":
+            floor = self.anchor_round
+        else:
+            floor = min((self.synced.get(t, 0) for t in range(self.num_terminals)), default=0)
+        while self.log and self.log[0][0] <= floor:
+            self.log.pop(0)
 
     def anchor_broadcast(self, params: np.ndarray) -> bytes | None:
         """In anchor mode, every A rounds: make ``params`` the anchor and return the message every terminal
@@ -55,6 +74,7 @@ class Downlink:
             return None
         msg = self._encode(params, self.anchor_round)
         self.anchor_round = self.round
+        self._prune()
         return msg
 
     def _base_round(self, terminal: int) -> int | None:
@@ -80,8 +100,11 @@ class Downlink:
         if base is None:
             return dense
         idx = np.flatnonzero(self.stamp > base)
-        sparse = encode(SparsePayload(d=self.d, values=params[idx].astype(np.float32), indices=idx, seed=None))
-        return sparse if len(sparse) < len(dense) else dense
+        options = [dense, encode(SparsePayload(d=self.d, values=params[idx].astype(np.float32), indices=idx))]
+        if self.log and self.log[0][0] <= base + 1:  # the log covers rounds base+1 .. now
+            parts = [SparsePayload(d=self.d, values=s, indices=i) for r, i, s in self.log if r > base]
+            options.append(encode(PatchChain(tuple(parts))))
+        return min(options, key=len)
 
 
 def apply_message(model: np.ndarray | None, buf: bytes) -> np.ndarray:
@@ -89,6 +112,13 @@ def apply_message(model: np.ndarray | None, buf: bytes) -> np.ndarray:
     payload = decode(buf)
     if isinstance(payload, DensePayload):
         return payload.values.astype(np.float32).copy()
+    if isinstance(payload, PatchChain):
+        if model is None:
+            raise WireError("a patch chain needs the model the terminal already holds")
+        out = model.copy()
+        for part in payload.parts:
+            out[part.indices] += part.values.astype(np.float32)
+        return out
     if not isinstance(payload, SparsePayload) or payload.indices is None:
         raise WireError("a downlink message must be a dense model or a sparse patch with explicit indices")
     if model is None:

@@ -56,9 +56,11 @@ class HFLEngine:
             self.data = load_federated(cfg.data, seed=cfg.seed)
         self.model = mlp(self.data.num_features, list(cfg.model.hidden), self.data.num_classes, seed=cfg.seed)
         self.theta0 = get_flat(self.model)
+        self.reference = self.theta0  # the terminals' θ_0 (initial mode) or anchor copy (anchor mode)
         self.d = self.theta0.shape[0]
         self.server = init_server(self.theta0)
-        self.downlink = Downlink(self.d, cfg.compression.downlink, cfg.compression.anchor_every)
+        self.downlink = Downlink(self.d, cfg.compression.downlink, cfg.compression.anchor_every,
+                                 num_terminals=len(self.data.clients))
         self.uplink = make_uplink(uplink_config(cfg))
         self.uplink_states: dict[int, Any] = {}
         self._rng = np.random.default_rng(cfg.seed)
@@ -120,7 +122,10 @@ class HFLEngine:
         for c, fails in zip(sampled.tolist(), failed.tolist(), strict=True):
             msg = self.downlink.message(c, self.server.params)
             bytes_down += len(msg)
-            base = self.theta0 if cfg.compression.downlink == "initial" else self.terminal_models.get(c, self.theta0)
+            if cfg.compression.downlink in ("initial", "anchor"):  # patches apply to θ_0 / the anchor
+                base = self.reference
+            else:
+                base = self.terminal_models.get(c, self.theta0)
             held = apply_message(base, msg)
             self.terminal_models[c] = held
             if fails:
@@ -139,17 +144,21 @@ class HFLEngine:
             losses.append(loss)
         if estimates:
             g = aggregate(estimates, weights, self.d)
-            ratio = 1.0 if cfg.compression.down == "dense" else cfg.compression.down_ratio
-            self.server, changed = server_step(self.server, g, ratio=ratio, rho=cfg.compression.momentum,
-                                               lr=tr.server_lr)
+            dense_down = cfg.compression.down == "dense"
+            values = cfg.compression.down_values
+            if values == "auto":
+                values = "fp32" if dense_down else "fp16"
+            self.server, changed, step = server_step(
+                self.server, g, ratio=1.0 if dense_down else cfg.compression.down_ratio,
+                rho=cfg.compression.momentum, lr=tr.server_lr,
+                value_dtype=np.float16 if values == "fp16" else np.float32)
         else:
             self.server = ServerState(self.server.params, self.server.residual, self.server.momentum, rnd)
-            changed = np.zeros(0, dtype=np.int64)
-        self.downlink.record(changed)
+            changed, step = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+        self.downlink.record(changed, step)
         broadcast = self.downlink.anchor_broadcast(self.server.params)
-        if broadcast is not None:  # every terminal receives the new anchor
-            for c in range(n):
-                self.terminal_models[c] = apply_message(self.terminal_models.get(c, self.theta0), broadcast)
+        if broadcast is not None:  # every terminal receives the new anchor and patches its copy of the last one
+            self.reference = apply_message(self.reference, broadcast)
             bytes_down += n * len(broadcast)
         metrics: dict[str, float] = {"participants": float(len(estimates)), "dropped": float(int(failed.sum()))}
         if losses:

@@ -10,8 +10,10 @@ Notation per round t, over the d model coordinates:
 * accumulated: ``a_t = m_t + e_{t−1}``. The residual ``e`` is zero at the coordinates applied last round,
   so at those coordinates ``a_t`` is the aggregate alone (the seed's "first gradients") and elsewhere the
   aggregate merged with the residual carried from earlier rounds (its "second gradients").
-* applied: ``u_t = topk(a_t)``; the model moves ``θ_{t+1} = θ_t + η·u_t``.
-* error feedback: ``e_t = a_t − u_t`` (exactly: Σ_t u_t + e_T = Σ_t m_t).
+* applied: ``u_t = topk(a_t)``, rounded to the downlink value type (fp16 or fp32) after scaling by the
+  server learning rate η: the model moves ``θ_{t+1} = θ_t + s_t`` with ``s_t = round(η·u_t)``, a step that
+  travels to terminals exactly.
+* error feedback: ``e_t = a_t − s_t/η`` (so Σ_t s_t/η + e_T = Σ_t m_t; the rounding error stays in e).
 * momentum factor masking: the momentum is zeroed at the applied coordinates, ``m_t[idx] = 0``, so a
   coordinate's velocity is not applied again on top of the residual that already carries it (as in Deep
   Gradient Compression). With ρ = 0, or when everything is applied, this changes nothing / is skipped.
@@ -58,13 +60,18 @@ def aggregate(estimates: list[np.ndarray], weights: list[float], d: int) -> np.n
     return g
 
 
-def server_step(
-    state: ServerState, g: np.ndarray, *, ratio: float, rho: float = 0.0, lr: float = 1.0
-) -> tuple[ServerState, np.ndarray]:
-    """Apply the top-k of (momentum + residual); return the new state and the applied indices.
+_FP16_MAX = float(np.finfo(np.float16).max)
 
-    The applied update is rounded to float32 before it is added to ``params``; the rounding error stays
-    in the residual, so the invariant ``Σ applied + residual = Σ aggregated`` holds in float64.
+
+def server_step(
+    state: ServerState, g: np.ndarray, *, ratio: float, rho: float = 0.0, lr: float = 1.0,
+    value_dtype: type = np.float32,
+) -> tuple[ServerState, np.ndarray, np.ndarray]:
+    """Apply the top-k of (momentum + residual); return the new state, the applied indices and the step.
+
+    The step ``s = round(lr·acc[idx])`` is in ``value_dtype`` (fp16 values are clipped to its range) and
+    ``params[idx] += s`` in float32: a terminal that adds the same steps in the same order holds the same
+    model bit for bit. The rounding error stays in the residual: ``Σ s/lr + residual = Σ aggregated``.
     """
     d = g.shape[0]
     momentum = rho * state.momentum + g if rho > 0 else g.astype(np.float64, copy=True)
@@ -73,11 +80,14 @@ def server_step(
         idx = np.arange(d, dtype=np.int64)
     else:
         idx = topk_indices(acc, max(1, int(round(ratio * d))))
-    applied = acc[idx].astype(np.float32)
+    scaled = lr * acc[idx]
+    if value_dtype == np.float16:
+        scaled = np.clip(scaled, -_FP16_MAX, _FP16_MAX)
+    step = scaled.astype(value_dtype)
     residual = acc.copy()
-    residual[idx] -= applied.astype(np.float64)
+    residual[idx] -= step.astype(np.float64) / lr
     if rho > 0 and ratio < 1.0:
         momentum[idx] = 0.0
     params = state.params.copy()
-    params[idx] += np.float32(lr) * applied
-    return ServerState(params=params, residual=residual, momentum=momentum, round=state.round + 1), idx
+    params[idx] += step.astype(np.float32)
+    return ServerState(params=params, residual=residual, momentum=momentum, round=state.round + 1), idx, step
