@@ -1,0 +1,153 @@
+"""Configuration of pipelined split training (``sluice split run`` / ``sluice split party``).
+
+Every option has a default that runs: breast cancer split as FATE does (leader x0-x9 and the label,
+one follower x10-x29), topology 6 (leader bottom + follower bottom -> leader top), G chosen
+automatically, leader and follower in separate processes over loopback gRPC.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from sluice.config import Section
+
+Topology = Literal["4A", "5", "6"]
+DatasetName = Literal["breast_cancer", "digits", "classification"]
+
+
+class SplitDataConfig(Section):
+    dataset: DatasetName = "breast_cancer"
+    test_fraction: float = Field(0.2, gt=0, lt=1)
+    # make_classification ("classification") only
+    n_samples: int = Field(20_000, ge=20)
+    n_features: int = Field(64, ge=2)
+    n_informative: int = Field(16, ge=1)
+    n_classes: int = Field(2, ge=2, le=100)
+    leader_columns: list[int] | None = Field(
+        None, description="feature columns of the leader (default: per dataset and topology)"
+    )
+    follower_columns: list[list[int]] | None = Field(
+        None, description="feature columns of each follower (default: per dataset and topology)"
+    )
+
+
+class SplitModelConfig(Section):
+    bottom_hidden: list[int] = Field(default_factory=lambda: [32])
+    embedding: int = Field(16, ge=1, description="width of what a bottom model sends")
+    top_hidden: list[int] = Field(default_factory=lambda: [32])
+    middle_hidden: list[int] = Field(default_factory=lambda: [32], description="follower model B (U-shape)")
+    activation: Literal["relu", "tanh"] = "relu"
+    batch_norm: bool = Field(False, description="BatchNorm after each hidden layer of bottom models")
+    allow_batch_coupled: bool = Field(
+        False,
+        description="accept batch-coupled layers (BatchNorm) with G > 1: updates are then NOT exactly the "
+        "full-batch update",
+    )
+    dtype: Literal["float32", "float64"] = "float32"
+
+    @field_validator("bottom_hidden", "top_hidden", "middle_hidden")
+    @classmethod
+    def _positive(cls, v: list[int]) -> list[int]:
+        if any(h <= 0 for h in v):
+            raise ValueError(f"hidden layer sizes must be positive integers, got {v}")
+        return v
+
+
+class SplitTrainConfig(Section):
+    epochs: int = Field(30, ge=1)
+    steps: int | None = Field(None, ge=1, description="total steps (overrides epochs)")
+    batch_size: int = Field(64, ge=1)
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    lr: float = Field(0.1, gt=0)
+    momentum: float = Field(0.9, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+    eval_every: int = Field(10, ge=0, description="evaluate every N steps and after the last (0: last only)")
+    eval_samples: int = Field(2000, ge=1, description="at most this many test samples per evaluation")
+
+
+class PipelineConfig(Section):
+    groups: int | Literal["auto"] = Field("auto", description="G: groups per batch, or 'auto'")
+    max_groups: int = Field(32, ge=1, description="largest G 'auto' may choose")
+    queue_threshold_bytes: int | None = Field(
+        None, ge=1, description="P4 back-pressure threshold; default: 1% of available memory, 1-256 MB"
+    )
+
+    @field_validator("groups")
+    @classmethod
+    def _groups(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 1:
+            raise ValueError(f"groups must be a positive integer or 'auto', got {v}")
+        return v
+
+
+class EmulationConfig(Section):
+    """The in-process link (``transport.kind = "inproc"``)."""
+
+    bandwidth_mbps: float | None = Field(None, gt=0, description="each direction; None: unlimited")
+    latency_ms: float = Field(0.0, ge=0, description="one-way")
+    burst_bytes: int = Field(16 * 1024, ge=1)
+
+
+class TlsConfig(Section):
+    enabled: bool = False
+    cert: str | None = Field(None, description="PEM certificate of this party")
+    key: str | None = Field(None, description="PEM private key of this party")
+    ca: str | None = Field(None, description="PEM CA that signed the peers' certificates (mutual TLS)")
+    server_name: str | None = Field(None, description="name to expect in the follower's certificate")
+
+    @model_validator(mode="after")
+    def _files(self) -> TlsConfig:
+        if self.enabled and (not self.cert or not self.key):
+            raise ValueError("tls.enabled needs tls.cert and tls.key (PEM files); tls.ca turns on mutual TLS")
+        return self
+
+
+class TransportConfig(Section):
+    kind: Literal["grpc", "inproc"] = Field("grpc", description="grpc: separate processes; inproc: threads")
+    timeout_s: float = Field(30.0, gt=0, description="a silent peer is an error after this many seconds")
+    connect_timeout_s: float = Field(20.0, gt=0)
+    listen: str = Field("127.0.0.1:0", description="where followers listen (split run: loopback)")
+    emulate: EmulationConfig = Field(default_factory=EmulationConfig)
+    tls: TlsConfig = Field(default_factory=TlsConfig)
+
+
+class PartyPolicy(Section):
+    """What a follower accepts when the leader proposes a task (``sluice split party``)."""
+
+    name: str = "follower"
+    datasets: list[DatasetName] = Field(default_factory=lambda: ["breast_cancer", "digits", "classification"])
+    columns: list[int] | None = Field(None, description="columns this party holds (None: any)")
+    missing_ids: list[str] = Field(default_factory=list, description="sample ids this party does not hold")
+    require_tls: bool = False
+    max_params: int = Field(50_000_000, ge=1)
+    max_steps: int = Field(10_000_000, ge=1)
+
+
+class SplitConfig(Section):
+    seed: int = 0
+    topology: Topology = "6"
+    followers: int = Field(1, ge=1, le=16)
+    data: SplitDataConfig = Field(default_factory=SplitDataConfig)
+    model: SplitModelConfig = Field(default_factory=SplitModelConfig)
+    train: SplitTrainConfig = Field(default_factory=SplitTrainConfig)
+    pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
+    transport: TransportConfig = Field(default_factory=TransportConfig)
+    party: PartyPolicy = Field(default_factory=PartyPolicy)
+
+    @model_validator(mode="after")
+    def _check(self) -> SplitConfig:
+        if self.topology == "5" and self.followers != 1:
+            raise ValueError("topology 5 (U-shape) has exactly one follower (model B); set followers = 1")
+        if (
+            self.model.batch_norm
+            and not self.model.allow_batch_coupled
+            and self.pipeline.groups != 1
+        ):
+            raise ValueError(
+                "model.batch_norm couples the samples of a batch, so groups would not reproduce the "
+                "full-batch update; use pipeline.groups = 1 or set model.allow_batch_coupled = true to "
+                "accept approximate updates"
+            )
+        return self

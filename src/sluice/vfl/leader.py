@@ -1,0 +1,404 @@
+"""The leader: holds the labels and the top model, starts the task, negotiates, chooses G, drives steps.
+
+Lifecycle: :meth:`Leader.start` (negotiate, then choose G -- measuring the links and the parties'
+compute when ``pipeline.groups = "auto"`` -- and send ``start``), :meth:`Leader.run_step` per step,
+:meth:`Leader.records` for finished step records, :meth:`Leader.finish` (``stop``/``bye``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from sklearn.metrics import roc_auc_score
+
+from sluice.errors import ConfigError, NegotiationError
+from sluice.transport.link import Link
+from sluice.transport.wire import encode_raw, encode_tensor
+
+from .config import SplitConfig
+from .data import party_data
+from .grouping import GroupChoice, StageModel, StepModel, choose_groups, seed_formula, split_batch
+from .models import build_mlp, check_exact, make_optimizer, part_seed
+from .ops import leader_ops
+from .party import Worker, params_of, to_tensor
+from .schedule import Op
+from .task import BatchPlan, Task, build_task, eval_due, proposal_for
+
+_DT = {"float32": torch.float32, "float64": torch.float64}
+
+
+def classification_metrics(z: torch.Tensor, y: torch.Tensor, n_classes: int) -> dict[str, float]:
+    """Mean cross-entropy, accuracy and ROC AUC (one-vs-rest for several classes) of logits ``z``."""
+    out = {
+        "test_loss": float(F.cross_entropy(z, y)),
+        "test_accuracy": float((z.argmax(1) == y).double().mean()),
+    }
+    p = torch.softmax(z.double(), 1).numpy()
+    yn = y.numpy()
+    try:
+        if n_classes == 2:
+            out["test_auc"] = float(roc_auc_score(yn, p[:, 1]))
+        elif len(np.unique(yn)) == n_classes:
+            out["test_auc"] = float(roc_auc_score(yn, p, multi_class="ovr"))
+    except ValueError:
+        pass
+    return out
+
+
+class Leader(Worker):
+    def __init__(
+        self, cfg: SplitConfig, links: dict[str, Link], task: Task | None = None, unbounded: bool = False
+    ) -> None:
+        super().__init__("leader", links, cfg.transport.timeout_s, cfg.pipeline.queue_threshold_bytes)
+        torch.set_num_threads(1)
+        self.cfg = cfg
+        self.task = task or build_task(cfg, unbounded)
+        t = self.task
+        self.followers = list(t.follower_names)
+        if sorted(links) != sorted(self.followers):
+            raise ConfigError(f"the leader needs one link per follower {self.followers}, got {sorted(links)}")
+        self.dtype = _DT[cfg.model.dtype]
+        data = party_data(t.table, t.leader_columns, t.train_ids, t.test_ids, True, np.float64)
+        self.X = to_tensor(data.X_train, self.dtype)
+        self.X_test = to_tensor(data.X_test, self.dtype)
+        assert data.y_train is not None and data.y_test is not None
+        self.y = torch.from_numpy(data.y_train)
+        self.y_test = torch.from_numpy(data.y_test)
+        self.n_classes = t.table.n_classes
+        self.bottom = (
+            build_mlp(t.specs["leader.bottom"], part_seed(cfg.seed, "leader.bottom"))
+            if "leader.bottom" in t.specs
+            else None
+        )
+        self.top = build_mlp(t.specs["leader.top"], part_seed(cfg.seed, "leader.top"))
+        self.opt = make_optimizer(params_of(self.bottom, self.top), t.hparams)
+        self.plan = BatchPlan(len(t.train_ids), t.hparams["batch_size"], cfg.seed)
+        self.steps = t.steps
+        self.groups = 1
+        self.choice: GroupChoice | None = None
+        self.calibration: dict[str, Any] = {}
+        self.accepted: dict[str, dict[str, Any]] = {}
+        self.step_no = 0
+        self._pending: dict[int, dict[str, Any]] = {}
+        self._reports: dict[int, dict[str, tuple[dict[str, Any], int, float]]] = {}
+        self._t_end: float | None = None
+        self._saved: dict[int, torch.Tensor] = {}
+        self._t_start = time.perf_counter()
+
+    # -- negotiation (SPEC P7) -----------------------------------------------------------------
+    def negotiate(self) -> None:
+        groups = self.cfg.pipeline.groups
+        for i, name in enumerate(self.followers):
+            self.send_control(name, "propose", proposal_for(self.task, i, groups, self.links[name].secure))
+        for name in self.followers:
+            msg = self.wait_control(name, "accept", "an answer to the proposal", refuse_ok=True)
+            if msg.type == "refuse":
+                self.finished_peers.add(name)
+                reason = msg.body.get("reason", "no reason given")
+                raise NegotiationError(f"{name} refused the task: {reason}")
+            self.accepted[name] = msg.body
+
+    # -- choosing G (SPEC P1) ------------------------------------------------------------------
+    def _time(self, fn: Any, repeats: int = 3) -> float:
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    def profile_self(self, batch: int) -> dict[str, list[float]]:
+        """Linear fits ``a0 + a1 n`` of the leader's operations (seconds for a group of ``n``)."""
+        sizes = [max(1, batch // 16), max(2, batch)]
+        meas: dict[str, list[float]] = {"head": [], "bottom.fwd": [], "bottom.bwd": []}
+        gen = torch.Generator().manual_seed(0)
+        for n in sizes:
+            y = self.y[torch.arange(n) % len(self.y)]
+            width = self.task.specs["leader.top"]["in"]
+            z_in = torch.randn(n, width, dtype=self.dtype, generator=gen)
+
+            def head(z_in: torch.Tensor = z_in, y: torch.Tensor = y, n: int = n) -> None:
+                zi = z_in.clone().requires_grad_(True)
+                (F.cross_entropy(self.top(zi), y, reduction="sum") / n).backward()
+
+            meas["head"].append(self._time(head))
+            if self.bottom is not None:
+                x = self.X[torch.arange(n) % len(self.X)]
+                meas["bottom.fwd"].append(self._time(lambda x=x: self.bottom(x)))
+                h = self.bottom(x)
+                g = torch.ones_like(h)
+                meas["bottom.bwd"].append(self._time(lambda h=h, g=g: h.backward(g, retain_graph=True)))
+        self.top.zero_grad(set_to_none=True)
+        if self.bottom is not None:
+            self.bottom.zero_grad(set_to_none=True)
+        out = {}
+        for k, v in meas.items():
+            if v:
+                a1 = max(0.0, (v[1] - v[0]) / (sizes[1] - sizes[0]))
+                out[k] = [max(0.0, v[0] - a1 * sizes[0]), a1]
+        return out
+
+    def _wait_raw(self, peer: str) -> float:
+        while not self.raws[peer]:
+            self.pump(True, f"a link probe from {peer}")
+        _, arrived = self.raws[peer].popleft()
+        return arrived
+
+    def probe_link(self, peer: str, nbytes: int) -> dict[str, float]:
+        """Round-trip time and bandwidth each way (bytes/s) of the link to ``peer``."""
+        rtts = []
+        for i in range(3):
+            t0 = time.perf_counter()
+            self.send_control(peer, "ping", {"i": i})
+            msg = self.wait_control(peer, "pong", "a pong")
+            rtts.append(time.perf_counter() - t0)
+            del msg
+        rtt = min(rtts)
+        t0 = time.perf_counter()
+        self.send_raw(peer, bytes(nbytes))
+        self.wait_control(peer, "probe_ack", "a probe acknowledgement")
+        down_s = time.perf_counter() - t0 - rtt
+        frame = len(encode_raw(bytes(nbytes)))
+        t0 = time.perf_counter()
+        self.send_control(peer, "probe_req", {"bytes": nbytes})
+        up_s = self._wait_raw(peer) - t0 - rtt
+        floor = frame / 1e11  # an unlimited link: treat as 100 GB/s
+        return {
+            "rtt_s": rtt,
+            "down_Bps": frame / max(down_s, floor),
+            "up_Bps": frame / max(up_s, floor),
+        }
+
+    def choose_g(self) -> int:
+        """Measure, predict the step time for every G and pick the best (see :mod:`sluice.vfl.grouping`)."""
+        B = self.task.hparams["batch_size"]
+        mine = self.profile_self(B)
+        emb_bytes = B * self.cfg.model.embedding * (8 if self.cfg.model.dtype == "float64" else 4)
+        nbytes = int(min(2 << 20, max(64 << 10, emb_bytes)))
+        prof: dict[str, dict[str, Any]] = {}
+        for name in self.followers:
+            self.send_control(name, "profile_req", {"batch": B})
+            prof[name] = self.wait_control(name, "profile", "a compute profile").body
+        links = {name: self.probe_link(name, nbytes) for name in self.followers}
+        chains, extra, lat = [], [], 0.0
+        seed_vals = []
+        for name in self.followers:
+            p, lk = prof[name], links[name]
+            fw = StageModel("follower.fwd", f"cpu:{name}", *p["fwd"])
+            bw = StageModel("follower.bwd", f"cpu:{name}", *p["bwd"])
+            up = StageModel("up", f"up:{name}", *p["bytes"], bandwidth=lk["up_Bps"])
+            down = StageModel("down", f"down:{name}", *p["bytes"], bandwidth=lk["down_Bps"])
+            head = StageModel("head", "cpu:leader", *mine["head"])
+            if self.task.topology == "5":
+                a1f = StageModel("leader.fwd", "cpu:leader", *mine["bottom.fwd"])
+                a1b = StageModel("leader.bwd", "cpu:leader", *mine["bottom.bwd"])
+                down2 = StageModel("down", f"down:{name}", *p["bytes"], bandwidth=lk["down_Bps"])
+                up2 = StageModel("up", f"up:{name}", *p["bytes"], bandwidth=lk["up_Bps"])
+                chains.append([a1f, down, fw, up, head, down2, bw, up2, a1b])
+                lat = max(lat, 2 * lk["rtt_s"])
+                send_bytes = p["bytes"][0] + p["bytes"][1] * B
+                compute = a1f.seconds(B) + a1b.seconds(B)
+            else:
+                chains.append([fw, up, head, down, bw])
+                lat = max(lat, lk["rtt_s"])
+                send_bytes = p["bytes"][0] + p["bytes"][1] * B
+                compute = fw.seconds(B) + bw.seconds(B)
+            seed_vals.append(seed_formula(send_bytes, lk["up_Bps"], compute))
+        if self.task.topology == "6":
+            extra = [
+                StageModel("leader.fwd", "cpu:leader", *mine["bottom.fwd"]),
+                StageModel("leader.bwd", "cpu:leader", *mine["bottom.bwd"]),
+            ]
+        model = StepModel(chains, lat, extra)
+        choice = choose_groups(model, B, self.cfg.pipeline.max_groups, max(seed_vals))
+        self.choice = choice
+        self.calibration = {"leader": mine, "followers": prof, "links": links, "probe_bytes": nbytes}
+        return choice.groups
+
+    def start(self) -> None:
+        """Negotiate, choose G and tell the followers to start."""
+        self.negotiate()
+        g = self.cfg.pipeline.groups
+        self.groups = self.choose_g() if g == "auto" else int(g)
+        if self.bottom is not None:
+            check_exact(self.bottom, "leader.bottom", self.groups, self.cfg.model.allow_batch_coupled)
+        for name in self.followers:
+            self.send_control(name, "start", {"groups": self.groups})
+        self._t_end = time.perf_counter()
+        self.setup_bytes_down = self.setup_sent
+        self.setup_bytes_up = sum(link.stats.bytes_received for link in self.links.values())
+
+    # -- one step --------------------------------------------------------------------------------
+    def _execute(self, op: Op, step: int, groups: list[torch.Tensor], batch: int) -> None:
+        g = op.group
+        idx = groups[g]
+        topo = self.task.topology
+        if op.name == "bottom.fwd":
+            assert self.bottom is not None
+            h = self.bottom(self.X[idx])
+            if topo == "6":
+                self._saved[g] = h
+                key = ("loc", step, "h", g)
+                self.store[key] = h
+                assert self.graph is not None
+                self.graph.offer(key)
+            else:
+                self._saved[g] = h
+                self.send_tensor(self.followers[0], step, g, "act1", h.detach())
+        elif op.name == "head":
+            yb = self.y[idx]
+            if topo == "5":
+                (p,) = self.followers
+                a = self.store.pop(("in", step, "act2", p, g)).requires_grad_(True)
+                z = self.top(a)
+                loss = F.cross_entropy(z, yb, reduction="sum") / batch
+                loss.backward()
+                self.send_tensor(p, step, g, "grad2", a.grad)
+            else:
+                parts = []
+                if topo == "6":
+                    parts.append(self.store.pop(("loc", step, "h", g)).detach().requires_grad_(True))
+                embs = [
+                    self.store.pop(("in", step, "emb", p, g)).requires_grad_(True) for p in self.followers
+                ]
+                z = self.top(torch.cat(parts + embs, dim=1))
+                loss = F.cross_entropy(z, yb, reduction="sum") / batch
+                loss.backward()
+                for p, e in zip(self.followers, embs, strict=True):
+                    self.send_tensor(p, step, g, "grad", e.grad)
+                if topo == "6":
+                    key = ("loc", step, "gh", g)
+                    self.store[key] = parts[0].grad
+                    assert self.graph is not None
+                    self.graph.offer(key)
+            self._loss += float(loss.detach())
+            self._correct += int((z.detach().argmax(1) == yb).sum())
+        elif op.name == "bottom.bwd":
+            if topo == "6":
+                grad = self.store.pop(("loc", step, "gh", g))
+            else:
+                grad = self.store.pop(("in", step, "grad1", self.followers[0], g))
+            self._saved.pop(g).backward(grad)
+        else:  # pragma: no cover
+            raise AssertionError(op.name)
+
+    def run_step(self) -> int:
+        """Run the leader's part of the next step (the record is finished when reports arrive)."""
+        s = self.step_no
+        self.reset_counters()
+        batch = self.plan.batch(s)
+        groups = [torch.from_numpy(g) for g in split_batch(batch, self.groups)]
+        self._loss, self._correct = 0.0, 0
+        ops = leader_ops(self.task.topology, s, len(groups), self.followers)
+        self.run_graph(
+            ops, lambda op: self._execute(op, s, groups, len(batch)), f"step {s} data from the followers"
+        )
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        rec: dict[str, Any] = {
+            "step": s,
+            "epoch": self.plan.epoch(s),
+            "loss": self._loss,
+            "accuracy": self._correct / len(batch),
+            "groups": len(groups),
+            "batch": len(batch),
+        }
+        if eval_due(s, self.steps, self.task.cfg.train.eval_every):
+            rec.update(self.evaluate(s))
+        rec["_done"] = time.perf_counter()
+        rec["_idle"], rec["_busy"] = self.idle, self.busy
+        rec["_ops"] = {k: [round(v[0], 6), v[1]] for k, v in self.op_seconds.items()}
+        self._pending[s] = rec
+        self.step_no += 1
+        return s
+
+    def evaluate(self, s: int) -> dict[str, float]:
+        """Metrics of the model after step ``s`` on the agreed test samples."""
+        with torch.no_grad():
+            if self.task.topology == "5":
+                (p,) = self.followers
+                assert self.bottom is not None
+                self.send_tensor(p, s, 0, "eval_act1", self.bottom(self.X_test))
+                key = ("in", s, "eval_act2", p, 0)
+                self.wait_keys([key], f"evaluation data of step {s} from {p}")
+                z = self.top(self.store.pop(key))
+            else:
+                keys = [("in", s, "eval_emb", p, 0) for p in self.followers]
+                parts = [self.bottom(self.X_test)] if self.bottom is not None else []
+                self.wait_keys(keys, f"evaluation data of step {s}")
+                z = self.top(torch.cat(parts + [self.store.pop(k) for k in keys], dim=1))
+        return classification_metrics(z, self.y_test, self.n_classes)
+
+    # -- records -----------------------------------------------------------------------------------
+    def _collect_reports(self) -> None:
+        for name in self.followers:
+            while True:
+                item = self.take_control(name, "step_done")
+                if item is None:
+                    break
+                msg, size, arrived = item
+                self._reports.setdefault(int(msg.body["step"]), {})[name] = (msg.body, size, arrived)
+
+    def records(self, wait: bool) -> list[dict[str, Any]]:
+        """Step records whose follower reports have arrived, in step order (``wait``: all of them)."""
+        out = []
+        while self._pending:
+            s = min(self._pending)
+            self.pump(False)
+            self._collect_reports()
+            while wait and len(self._reports.get(s, {})) < len(self.followers):
+                self.pump(True, f"the step {s} reports")
+                self._collect_reports()
+            reps = self._reports.get(s, {})
+            if len(reps) < len(self.followers):
+                break
+            out.append(self._finish_record(s, self._pending.pop(s), self._reports.pop(s)))
+        return out
+
+    def _finish_record(self, s: int, rec: dict[str, Any], reps: dict[str, Any]) -> dict[str, Any]:
+        t_end = max([rec.pop("_done")] + [r[2] for r in reps.values()])
+        assert self._t_end is not None
+        rec["step_time_s"] = t_end - self._t_end
+        self._t_end = t_end
+        rec["idle_s"] = {"leader": rec.pop("_idle"), **{n: reps[n][0]["idle_s"] for n in self.followers}}
+        rec["busy_s"] = {"leader": rec.pop("_busy"), **{n: reps[n][0]["busy_s"] for n in self.followers}}
+        rec["op_s"] = {"leader": rec.pop("_ops"), **{n: reps[n][0]["ops"] for n in self.followers}}
+        rec["bytes_up"] = sum(r[0]["bytes"] + r[1] for r in reps.values())
+        rec["bytes_down"] = self.sent_by_step.get(s, 0)
+        return rec
+
+    # -- the end -----------------------------------------------------------------------------------
+    def finish(self) -> list[dict[str, Any]]:
+        """Wait for the last reports, stop the followers, collect their goodbyes, close the links."""
+        recs = self.records(wait=True)
+        for name in self.followers:
+            self.send_control(name, "stop")
+        self.byes = {}
+        for name in self.followers:
+            self.byes[name] = self.wait_control(name, "bye", "the goodbye").body
+            self.finished_peers.add(name)
+        for link in self.links.values():
+            link.flush(5.0)
+        self.close_links()
+        return recs
+
+    def pause(self) -> None:
+        for name in self.followers:
+            self.send_control(name, "pause")
+
+    def resume(self) -> None:
+        for name in self.followers:
+            self.send_control(name, "resume")
+
+    def state(self) -> dict[str, dict[str, torch.Tensor]]:
+        out = {"leader.top": {k: v.detach().clone() for k, v in self.top.state_dict().items()}}
+        if self.bottom is not None:
+            out["leader.bottom"] = {k: v.detach().clone() for k, v in self.bottom.state_dict().items()}
+        return out
+
+    def wire_bytes(self, n: int) -> int:
+        return len(encode_tensor(0, 0, "emb", torch.zeros(n, self.cfg.model.embedding, dtype=self.dtype)))

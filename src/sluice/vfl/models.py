@@ -1,0 +1,113 @@
+"""The parts of a split model: small MLPs built from a JSON-able spec with seeded initialisation.
+
+A spec is what the leader proposes for each part (SPEC P7), e.g.
+``{"in": 20, "hidden": [32], "out": 16, "activation": "relu", "final_activation": true,
+"batch_norm": false, "dtype": "float32"}``. Weights are drawn from ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``
+with a generator seeded by (task seed, part name), so a part built in any process is identical.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import torch
+from torch import nn
+
+from sluice.errors import ConfigError
+
+_ACT = {"relu": nn.ReLU, "tanh": nn.Tanh}
+_DT = {"float32": torch.float32, "float64": torch.float64}
+
+
+def part_seed(seed: int, part: str) -> int:
+    """Seed of one part: a stable function of the task seed and the part's name."""
+    return (seed * 1_000_003 + zlib.crc32(part.encode())) % (2**63)
+
+
+def mlp_spec(
+    in_dim: int,
+    hidden: list[int],
+    out_dim: int,
+    activation: str,
+    final_activation: bool,
+    batch_norm: bool,
+    dtype: str,
+) -> dict[str, Any]:
+    return {
+        "in": int(in_dim),
+        "hidden": [int(h) for h in hidden],
+        "out": int(out_dim),
+        "activation": activation,
+        "final_activation": bool(final_activation),
+        "batch_norm": bool(batch_norm),
+        "dtype": dtype,
+    }
+
+
+def num_params(spec: dict[str, Any]) -> int:
+    """Parameter count of the MLP a spec describes (checked by followers before accepting)."""
+    dims = [spec["in"], *spec["hidden"], spec["out"]]
+    n = sum(a * b + b for a, b in zip(dims[:-1], dims[1:], strict=True))
+    if spec.get("batch_norm"):
+        n += 2 * sum(spec["hidden"])
+    return n
+
+
+def build_mlp(spec: dict[str, Any], seed: int) -> nn.Sequential:
+    """Linear -> [BatchNorm] -> activation per hidden layer, then Linear [-> activation]."""
+    try:
+        act = _ACT[spec["activation"]]
+        dtype = _DT[spec["dtype"]]
+        dims = [int(spec["in"]), *[int(h) for h in spec["hidden"]], int(spec["out"])]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"invalid model spec {spec!r}: {exc!r}") from exc
+    if any(d <= 0 for d in dims):
+        raise ConfigError(f"model layer widths must be positive, got {dims}")
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(dims[:-1], dims[1:], strict=True)):
+        layers.append(nn.Linear(a, b))
+        last = i == len(dims) - 2
+        if not last:
+            if spec.get("batch_norm"):
+                layers.append(nn.BatchNorm1d(b))
+            layers.append(act())
+        elif spec.get("final_activation"):
+            layers.append(act())
+    model = nn.Sequential(*layers).to(dtype)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.Linear):
+                bound = 1.0 / m.in_features**0.5
+                m.weight.uniform_(-bound, bound, generator=gen)
+                m.bias.uniform_(-bound, bound, generator=gen)
+    return model
+
+
+def batch_coupled_layers(module: nn.Module) -> list[str]:
+    """Names of sub-modules whose output for one sample depends on the other samples of the batch."""
+    coupled = (nn.modules.batchnorm._BatchNorm, nn.SyncBatchNorm)
+    return [name or type(m).__name__ for name, m in module.named_modules() if isinstance(m, coupled)]
+
+
+def check_exact(module: nn.Module, part: str, groups: int, allow: bool) -> None:
+    """Refuse batch-coupled layers when a batch is cut into groups (SPEC P5), unless ``allow``."""
+    coupled = batch_coupled_layers(module)
+    if coupled and groups > 1 and not allow:
+        raise ConfigError(
+            f"{part} has batch-coupled layers ({', '.join(coupled)}): with G={groups} groups their "
+            f"statistics are per group, so the update would differ from the full-batch update. Use "
+            f"pipeline.groups = 1, remove BatchNorm, or set model.allow_batch_coupled = true"
+        )
+
+
+def make_optimizer(params: list[nn.Parameter], hp: dict[str, Any]) -> torch.optim.Optimizer:
+    """SGD (with momentum, weight decay) or Adam, from the negotiated hyper-parameters."""
+    if not params:
+        return torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=hp["lr"])
+    if hp["optimizer"] == "adam":
+        return torch.optim.Adam(params, lr=hp["lr"], weight_decay=hp["weight_decay"])
+    if hp["optimizer"] == "sgd":
+        return torch.optim.SGD(params, lr=hp["lr"], momentum=hp["momentum"], weight_decay=hp["weight_decay"])
+    raise ConfigError(f"unknown optimizer {hp['optimizer']!r}; allowed: sgd, adam")
