@@ -27,7 +27,9 @@ except ImportError:  # pragma: no cover - only while a sub-command is absent
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sluice", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="sluice", description="Sluice: train models across parties that cannot pool their data or bandwidth."
+    )
     parser.add_argument("--version", action="version", version=f"sluice {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in _COMMANDS:
