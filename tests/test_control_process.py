@@ -88,6 +88,21 @@ def test_requirements_alone_stop_training_when_met() -> None:
     assert eng.calls == 3 and rep.requirements_met is True
 
 
+def test_requirements_stop_only_when_termination_sets_no_result() -> None:
+    stream = _acc([0.3, 0.55, 0.7, 0.92, 0.95])
+    eng = ReplayEngine(stream)
+    rep = train(eng, {"performance": {"accuracy": 0.9}}, {"performance": {"accuracy": 0.5}}, clock=eng.clock)
+    assert rep.fired == "performance.test_accuracy" and eng.calls == 4 and rep.requirements_met
+    eng = ReplayEngine(stream)
+    req = {"performance": {"accuracy": 0.5}, "stop_when_met": True}
+    rep = train(eng, {"performance": {"accuracy": 0.9}}, req, clock=eng.clock)
+    assert rep.fired == "requirements.performance" and eng.calls == 2
+    eng = ReplayEngine(stream)
+    req = {"performance": {"accuracy": 0.5}, "stop_when_met": False}
+    rep = train(eng, {"iterations": 3}, req, clock=eng.clock)
+    assert rep.fired == "iterations" and eng.calls == 3 and rep.cause == Cause.CRITERION_MET
+
+
 def test_max_training_time_requirement_is_a_stop_rule() -> None:
     eng = ReplayEngine(_acc([0.1] * 20), seconds_per_iteration=2.0)
     rep = train(eng, None, {"max_training_time_s": 7.0, "performance": {"accuracy": 0.9}}, clock=eng.clock)

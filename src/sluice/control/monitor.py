@@ -227,7 +227,8 @@ def build_rules(
     termination: Termination, requirements: Requirements | None, model: ModelIdentity | None
 ) -> list[_Rule]:
     """Rules in evaluation order: top-level criteria (one rule each), all-of groups, then the rules the
-    requirements imply (every performance threshold met: an all-of group; the maximum training time)."""
+    requirements imply: every performance threshold met (an all-of group; by default only when the
+    termination parameters set no result criterion of their own) and the maximum training time."""
     err = effective_error_metric(termination, model)
     rules: list[_Rule] = []
     for c in _conditions(termination, "", err):
@@ -237,7 +238,10 @@ def build_rules(
         conds = _conditions(g, f"{name}.", effective_error_metric(g, model) if g.error_metric else err)
         rules.append(_Rule(name, conds))
     if requirements is not None:
-        if requirements.performance and requirements.stop_when_met:
+        stop = requirements.stop_when_met
+        if stop is None:
+            stop = not termination.defines_result()
+        if requirements.performance and stop:
             conds = [
                 _Metric(f"requirements.performance.{m}", "requirements", m, Criterion(threshold=v))
                 for m, v in requirements.performance.items()

@@ -337,6 +337,10 @@ class CriteriaSet(Section):
             raise ValueError(f"training_error threshold must be ≥ 0, got {self.training_error.threshold}")
         return self
 
+    def has_result_criteria(self) -> bool:
+        """Whether a criterion says a *result* was reached (performance, training error, plateau)."""
+        return bool(self.performance or self.plateau or self.training_error is not None)
+
     def is_empty(self) -> bool:
         return (
             self.training_error is None and self.iterations is None and self.training_time_s is None
@@ -379,6 +383,10 @@ class Termination(CriteriaSet):
             out[resolve_metric(name)] = bound
         return out
 
+    def defines_result(self) -> bool:
+        """A result criterion at the top level or in any all_of group."""
+        return self.has_result_criteria() or any(g.has_result_criteria() for g in self.all_of)
+
     def has_criteria(self) -> bool:
         return not self.is_empty() or bool(self.all_of)
 
@@ -398,8 +406,10 @@ class Requirements(Section):
     performance: dict[str, float] = Field(
         default_factory=dict, description="performance threshold per metric the trained model must meet"
     )
-    stop_when_met: bool = Field(
-        True, description="stop as soon as every performance threshold is met (an all_of group)"
+    stop_when_met: bool | None = Field(
+        None,
+        description="stop as soon as every performance threshold is met (an all_of group); None: only when "
+        "the termination parameters set no result of their own (performance, training error, plateau)",
     )
 
     @field_validator("performance", mode="after")
