@@ -1,0 +1,13 @@
+"""Links between parties and the wire format of what crosses them.
+
+- :mod:`~sluice.transport.wire`: tensors and control messages as bytes (every byte count is ``len()``);
+- :mod:`~sluice.transport.link`: the link interface, inbox and byte meters;
+- :mod:`~sluice.transport.emulated`: in-process link with token-bucket bandwidth and latency;
+- :mod:`~sluice.transport.grpc_link`: gRPC bidirectional stream, optional mutual TLS;
+- :mod:`~sluice.transport.netns`: Linux network namespaces joined by a veth pair shaped with ``tc tbf``.
+"""
+
+from .emulated import EmulatedLink, emulated_pair
+from .link import Delivery, Inbox, Link, LinkStats
+
+__all__ = ["EmulatedLink", "emulated_pair", "Delivery", "Inbox", "Link", "LinkStats"]
