@@ -1,0 +1,107 @@
+"""Exactness (P5): pipelined training ends with the full-batch weights, for every topology (P6)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sluice.config import load_config
+from sluice.errors import ConfigError
+from sluice.vfl import SplitConfig, reference_train, run_inprocess
+from sluice.vfl.data import default_columns, load_table
+
+
+def _cfg(**kw) -> SplitConfig:
+    base = {
+        "model": {"dtype": "float64", "bottom_hidden": [12], "embedding": 6, "top_hidden": [8],
+                  "middle_hidden": [10]},
+        "train": {"steps": 5, "batch_size": 50, "eval_every": 0, "optimizer": "adam", "lr": 0.01},
+        "transport": {"kind": "inproc", "timeout_s": 20},
+        "pipeline": {"groups": 1},
+    }
+    for k, v in kw.items():
+        if isinstance(v, dict):
+            base.setdefault(k, {}).update(v)
+        else:
+            base[k] = v
+    return SplitConfig.model_validate(base)
+
+
+def _maxdiff(a, b) -> float:
+    assert set(a) == set(b)
+    return max(float((a[p][k] - b[p][k]).abs().max()) for p in a for k in a[p])
+
+
+CASES = [
+    ("6", 1, "breast_cancer", 4),
+    ("6", 2, "digits", 7),  # 50 = 8+7*6: unequal groups
+    ("4A", 2, "breast_cancer", 3),
+    ("5", 1, "digits", 6),
+]
+
+
+@pytest.mark.parametrize("topology,followers,dataset,groups", CASES)
+def test_pipelined_equals_full_batch(topology, followers, dataset, groups):
+    cfg = _cfg(topology=topology, followers=followers, data={"dataset": dataset})
+    ref, ref_loss = reference_train(cfg, 5)
+    piped = run_inprocess(_cfg(topology=topology, followers=followers, data={"dataset": dataset},
+                               pipeline={"groups": groups}))
+    assert piped.summary["groups"] == groups
+    assert all(r["groups"] == groups for r in piped.records)
+    assert _maxdiff(piped.states, ref) <= 1e-6
+    assert max(abs(r["loss"] - x) for r, x in zip(piped.records, ref_loss, strict=True)) <= 1e-9
+    # the weights did move: the comparison is not trivially true
+    first = reference_train(cfg, 1)[0]
+    assert _maxdiff(first, ref) > 1e-3
+
+
+def test_backpressure_on_every_group_keeps_the_update_exact():
+    """A 1-byte queue threshold forces second-type work whenever anything waits to be sent."""
+    kw = {"topology": "6", "followers": 1, "train": {"optimizer": "sgd", "lr": 0.1}}
+    ref, _ = reference_train(_cfg(**kw), 5)
+    res = run_inprocess(_cfg(pipeline={"groups": 5, "queue_threshold_bytes": 1},
+                             transport={"emulate": {"bandwidth_mbps": 50}}, **kw), trace=True)
+    assert _maxdiff(res.states, ref) <= 1e-6
+    modes = {d.mode for d in res.traces["follower-1"]}
+    assert "backpressure" in modes
+
+
+def test_serial_and_pipelined_loss_curves_match_in_float32():
+    kw = {"model": {"dtype": "float32"}, "train": {"steps": 8}}
+    a = run_inprocess(_cfg(**kw))
+    b = run_inprocess(_cfg(pipeline={"groups": 4}, **kw))
+    assert max(abs(x["loss"] - y["loss"]) for x, y in zip(a.records, b.records, strict=True)) < 1e-5
+
+
+def test_batchnorm_is_refused_unless_allowed():
+    with pytest.raises(ConfigError, match="batch_norm"):
+        load_config(None, ["model.batch_norm=true"], model=SplitConfig)
+    # G = 1 is exact even with BatchNorm
+    load_config(None, ["model.batch_norm=true", "pipeline.groups=1"], model=SplitConfig)
+    # the user may opt in to approximate updates
+    cfg = _cfg(model={"batch_norm": True, "allow_batch_coupled": True}, pipeline={"groups": 3})
+    res = run_inprocess(cfg)
+    ref, _ = reference_train(cfg, 5)
+    assert _maxdiff(res.states, ref) > 1e-9  # per-group statistics: not the full-batch update
+
+
+def test_check_exact_names_the_layers():
+    from sluice.vfl.models import build_mlp, check_exact, mlp_spec
+
+    m = build_mlp(mlp_spec(4, [5], 3, "relu", True, True, "float32"), 0)
+    with pytest.raises(ConfigError, match="BatchNorm1d|1"):
+        check_exact(m, "follower-1.bottom", 4, allow=False)
+    check_exact(m, "follower-1.bottom", 1, allow=False)
+    check_exact(m, "follower-1.bottom", 4, allow=True)
+
+
+def test_fate_split_of_breast_cancer_and_image_halves_of_digits():
+    cfg = SplitConfig()
+    lead, fol = default_columns(cfg, load_table(cfg.data, 0))
+    assert lead == list(range(10)) and fol == [list(range(10, 30))]
+    cfg = SplitConfig.model_validate({"data": {"dataset": "digits"}, "followers": 2})
+    lead, fol = default_columns(cfg, load_table(cfg.data, 0))
+    assert all(c % 8 < 4 for c in lead) and len(lead) == 32
+    assert all(c % 8 in (4, 5) for c in fol[0]) and all(c % 8 in (6, 7) for c in fol[1])
+    cfg = SplitConfig.model_validate({"topology": "4A", "followers": 3})
+    lead, fol = default_columns(cfg, load_table(cfg.data, 0))
+    assert lead == [] and sorted(sum(fol, [])) == list(range(30))

@@ -1,0 +1,114 @@
+"""Task negotiation (P7) and failures of a party, in process (threads + emulated links)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from sluice.engine import Engine
+from sluice.errors import NegotiationError, TrainingError, TransportError
+from sluice.vfl import SplitConfig, SplitEngine, run_inprocess
+from sluice.vfl.config import PartyPolicy
+from sluice.vfl.follower import judge
+from sluice.vfl.task import build_task, proposal_for
+
+
+def _cfg(**kw) -> SplitConfig:
+    base = {
+        "train": {"steps": 6, "eval_every": 3},
+        "pipeline": {"groups": 2},
+        "transport": {"kind": "inproc", "timeout_s": 5},
+    }
+    for k, v in kw.items():
+        base.setdefault(k, {}).update(v) if isinstance(v, dict) else base.__setitem__(k, v)
+    return SplitConfig.model_validate(base)
+
+
+def test_mismatched_sample_ids_are_an_error():
+    with pytest.raises(NegotiationError, match="sample ids do not match.*breast_cancer-000003"):
+        run_inprocess(_cfg(party={"missing_ids": ["breast_cancer-000003", "breast_cancer-000400"]}))
+
+
+@pytest.mark.parametrize(
+    "party,match",
+    [
+        ({"datasets": ["digits"]}, "dataset 'breast_cancer' is not offered"),
+        ({"columns": list(range(10, 20))}, r"columns \[20, 21"),
+        ({"require_tls": True}, "requires TLS"),
+        ({"max_params": 10}, "at most 10"),
+        ({"max_steps": 3}, "6 steps proposed"),
+    ],
+)
+def test_follower_refuses_with_a_reason(party, match):
+    t0 = time.perf_counter()
+    with pytest.raises(NegotiationError, match=match):
+        run_inprocess(_cfg(party=party))
+    assert time.perf_counter() - t0 < 5
+
+
+def test_judge_accepts_a_matching_proposal_and_checks_protocol_and_tls():
+    task = build_task(_cfg())
+    p = proposal_for(task, 0, 2, tls=False)
+    assert p["columns"] == list(range(10, 30)) and len(p["train_ids"]) == len(task.train_ids)
+    assert judge(PartyPolicy(), p, secure=False) is None
+    assert "protocol" in judge(PartyPolicy(), {**p, "protocol": 99}, secure=False)
+    assert "encrypted" in judge(PartyPolicy(), {**p, "tls": True}, secure=False)
+
+
+def _hook_fail_at(step: int, action):
+    def hook(i, follower):
+        orig = follower.step
+
+        def step_fn(s):
+            if s == step:
+                action(follower)
+            return orig(s)
+
+        follower.step = step_fn
+
+    return hook
+
+
+def test_dead_follower_is_reported_not_hung():
+    def boom(f):
+        raise RuntimeError("disk on fire")
+
+    t0 = time.perf_counter()
+    with pytest.raises(TrainingError, match="follower-1 failed: RuntimeError: disk on fire"):
+        run_inprocess(_cfg(), follower_hook=_hook_fail_at(3, boom))
+    assert time.perf_counter() - t0 < 5
+
+
+def test_stalled_follower_times_out():
+    t0 = time.perf_counter()
+    with pytest.raises(TransportError, match="stalled or died"):
+        hook = _hook_fail_at(2, lambda f: time.sleep(2))
+        run_inprocess(_cfg(transport={"timeout_s": 0.5}), follower_hook=hook)
+    assert time.perf_counter() - t0 < 4
+
+
+def test_cut_link_is_reported_on_the_leader():
+    with pytest.raises(TransportError, match="cable"):
+        run_inprocess(_cfg(), follower_hook=_hook_fail_at(2, lambda f: f.link.break_("cable cut")))
+
+
+def test_engine_protocol_one_step_per_iterate(tmp_path):
+    eng = SplitEngine(_cfg(train={"eval_every": 2}, transport={"timeout_s": 0.5}))
+    assert isinstance(eng, Engine)
+    events = [eng.iterate() for _ in range(3)]
+    assert [e.iteration for e in events] == [0, 1, 2]
+    assert all(e.bytes_up > 0 and e.bytes_down > 0 and e.seconds > 0 for e in events)
+    assert "test_accuracy" in events[1].metrics and "test_accuracy" not in events[0].metrics
+    eng.suspend()
+    time.sleep(0.8)  # longer than the stall timeout: a suspended task must not fail
+    eng.resume()
+    assert eng.iterate().iteration == 3
+    path = eng.save(str(tmp_path / "split.pt"))
+    import torch
+
+    states = torch.load(path)
+    assert {"leader.top", "leader.bottom", "follower-1.bottom"} <= set(states)
+    eng.stop()
+    with pytest.raises(TrainingError):
+        eng.iterate()
