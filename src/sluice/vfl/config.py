@@ -136,6 +136,11 @@ class SplitConfig(Section):
     transport: TransportConfig = Field(default_factory=TransportConfig)
     party: PartyPolicy = Field(default_factory=PartyPolicy)
 
+    @field_validator("topology", mode="before")
+    @classmethod
+    def _topology_name(cls, v: object) -> object:
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
     @model_validator(mode="after")
     def _check(self) -> SplitConfig:
         if self.topology == "5" and self.followers != 1:
