@@ -93,3 +93,25 @@ def test_report_estimate_when_budget_stops_a_replayed_run() -> None:
     assert rep.estimated_remaining_iterations == pytest.approx(200, abs=3)
     assert rep.estimated_remaining_s == pytest.approx(50, rel=0.02)
     assert rep.progress_percent == pytest.approx(100 / 3, rel=0.02)
+
+
+def test_asymptote_kept_in_the_metric_range() -> None:
+    n = np.arange(1, 30)
+    y = 1.3 - 1.2 * n**-0.3  # would level off above 1: impossible for an accuracy
+    free = fit_power_law(n, y)
+    bounded = fit_power_law(n, y, bounds=(0.0, 1.0))
+    assert free.c == pytest.approx(1.3, abs=0.01)
+    assert bounded.c == 1.0 and bounded.a < 0
+
+
+def test_fit_starts_after_the_initial_transient() -> None:
+    """A flat start (clipped at chance level), then a power law: the estimate uses the power-law part."""
+    n = np.arange(1, 61, dtype=float)
+    y = np.maximum(0.95 - 3.0 * n**-0.7, 0.1)
+    est = Estimator(metric="acc", target=float(0.95 - 3.0 * 100.0**-0.7), mode="max", bounds=(0.0, 1.0))
+    for i, v in zip(n, y, strict=True):
+        est.add(int(i), {"acc": float(v)}, 0.1)
+    e = est.estimate(60, 6.0)
+    assert e.remaining_iterations is not None, e.note
+    assert abs(e.remaining_iterations - 40) <= 0.15 * 40
+    assert e.fit is not None and e.fit.points < 60

@@ -6,14 +6,21 @@ The monitored metric is modelled as a power law in the iteration count ``n``::
 
 (``c`` is the asymptote; ``a > 0`` for a decreasing loss, ``a < 0`` for an increasing accuracy). For a
 fixed ``α`` the least-squares ``(c, a)`` has a closed form (simple linear regression of ``y`` on
-``x = n^(−α)``: ``a = Sxy/Sxx``, ``c = ȳ − a·x̄``, residual ``SSE = Syy − a·Sxy``), so ``α`` is found
-by a vectorised grid search over log-spaced values, refined twice around the best. The iteration where
-the curve reaches a target ``T`` solves ``T = c + a·n^(−α)``::
+``x = n^(−α)``: ``a = Sxy/Sxx``, ``c = ȳ − a·x̄``); when the metric has a range (accuracy in [0, 1], a
+loss ≥ 0) and ``c`` falls outside it, ``c`` is clamped to the bound and ``a = Σx(y − c)/Σx²``. ``α`` is
+found by a vectorised grid search over log-spaced values, refined twice around the best.
+
+A power law describes the regime after the initial transient (many curves first stay flat, then rise
+steeply): the fit uses the iterations from the steepest improvement of the moving average (window
+``max(3, n/10)``) on, when at least ``min_points`` remain. The iteration where the curve reaches a
+target ``T`` solves ``T = c + a·n^(−α)``::
 
     n* = ((T − c) / a)^(−1/α)        defined only when (T − c)/a > 0
 
-otherwise the target lies beyond the fitted asymptote and no estimate is given. Time per iteration is an
-exponential moving average ``s ← β·x + (1 − β)·s`` of measured iteration times (β = ``smoothing``).
+otherwise the target lies beyond the fitted asymptote and no estimate is given; nor is one given when
+the fit is degenerate (``α`` at the lower end of its search range) or explains less than half of the
+variance (``R² < 0.5``). Time per iteration is an exponential moving average ``s ← β·x + (1 − β)·s``
+of measured iteration times (β = ``smoothing``).
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 
 _MAX_ITERATIONS = 1e9
+_ALPHA_MIN, _ALPHA_MAX = 0.02, 4.0
+_MIN_R2 = 0.5
 
 
 @dataclass(frozen=True)
@@ -57,7 +66,7 @@ class PowerLaw:
 
 
 def _grid_fit(
-    n: np.ndarray, y: np.ndarray, alphas: np.ndarray
+    n: np.ndarray, y: np.ndarray, alphas: np.ndarray, bounds: tuple[float | None, float | None]
 ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
     x = np.power(n[None, :], -alphas[:, None])  # (A, N)
     xm = x.mean(axis=1, keepdims=True)
@@ -68,22 +77,34 @@ def _grid_fit(
     with np.errstate(divide="ignore", invalid="ignore"):
         a = np.where(sxx > 0, sxy / sxx, 0.0)
     c = ym - a * xm[:, 0]
-    syy = float(((y - ym) ** 2).sum())
-    sse = syy - a * sxy
+    xx = (x * x).sum(axis=1)
+    for bound, outside in ((bounds[0], lambda v, b: v < b), (bounds[1], lambda v, b: v > b)):
+        if bound is None:
+            continue
+        mask = outside(c, bound)
+        if mask.any():
+            a = np.where(mask, (x * (y - bound)[None, :]).sum(axis=1) / xx, a)
+            c = np.where(mask, bound, c)
+    sse = ((y[None, :] - c[:, None] - a[:, None] * x) ** 2).sum(axis=1)
     return int(np.argmin(sse)), a, c, sse
 
 
-def fit_power_law(ns: np.ndarray | list[float], ys: np.ndarray | list[float]) -> PowerLaw | None:
-    """Least-squares power-law fit; None when fewer than 4 finite points or ``y`` is constant."""
+def fit_power_law(
+    ns: np.ndarray | list[float],
+    ys: np.ndarray | list[float],
+    bounds: tuple[float | None, float | None] = (None, None),
+) -> PowerLaw | None:
+    """Least-squares power-law fit with the asymptote kept in ``bounds``; None when fewer than 4 finite
+    points or ``y`` is constant."""
     n = np.asarray(ns, dtype=np.float64)
     y = np.asarray(ys, dtype=np.float64)
     ok = np.isfinite(n) & np.isfinite(y) & (n > 0)
     n, y = n[ok], y[ok]
     if n.size < 4 or np.ptp(y) == 0 or np.ptp(n) == 0:
         return None
-    alphas = np.geomspace(0.02, 4.0, 64)
+    alphas = np.geomspace(_ALPHA_MIN, _ALPHA_MAX, 64)
     for _ in range(3):
-        i, a, c, sse = _grid_fit(n, y, alphas)
+        i, a, c, sse = _grid_fit(n, y, alphas, bounds)
         lo = alphas[max(i - 1, 0)]
         hi = alphas[min(i + 1, alphas.size - 1)]
         best = (float(alphas[i]), float(a[i]), float(c[i]), float(sse[i]))
@@ -92,6 +113,17 @@ def fit_power_law(ns: np.ndarray | list[float], ys: np.ndarray | list[float]) ->
     syy = float(((y - y.mean()) ** 2).sum())
     r2 = 1.0 - sv / syy if syy > 0 else 0.0
     return PowerLaw(c=cv, a=av, alpha=alpha, r2=r2, points=int(n.size))
+
+
+def regime_start(ys: np.ndarray, mode: str) -> int:
+    """Index from which the curve is past its steepest improvement (moving average of ``max(3, n/10)``)."""
+    n = ys.size
+    k = max(3, n // 10)
+    if n < k + 2:
+        return 0
+    smooth = np.convolve(ys, np.ones(k) / k, mode="valid")
+    gain = np.diff(smooth) * (1.0 if mode == "max" else -1.0)
+    return int(np.argmax(gain)) + k // 2
 
 
 @dataclass(frozen=True)
@@ -110,8 +142,9 @@ class Estimate:
 class Estimator:
     """Keeps the history of one metric and iteration times; answers :meth:`estimate` on demand.
 
-    ``target`` (with ``mode`` ``"max"``/``"min"``) is the result being trained for; without one, the
-    budgets (``iteration_budget``, ``time_budget_s``) define the end of training.
+    ``target`` (with ``mode`` ``"max"``/``"min"``) is the result being trained for; it counts as reached
+    once the curve has passed it for ``patience`` iterations (``n* + patience − 1``). Without a target,
+    the budgets (``iteration_budget``, ``time_budget_s``) define the end of training.
     """
 
     def __init__(
@@ -119,14 +152,16 @@ class Estimator:
         metric: str | None = None,
         target: float | None = None,
         mode: str = "max",
+        patience: int = 1,
         iteration_budget: int | None = None,
         time_budget_s: float | None = None,
         smoothing: float = 0.3,
         min_points: int = 4,
+        bounds: tuple[float | None, float | None] = (None, None),
     ) -> None:
-        self.metric, self.target, self.mode = metric, target, mode
+        self.metric, self.target, self.mode, self.patience = metric, target, mode, max(1, patience)
         self.iteration_budget, self.time_budget_s = iteration_budget, time_budget_s
-        self.smoothing, self.min_points = smoothing, min_points
+        self.smoothing, self.min_points, self.bounds = smoothing, min_points, bounds
         self.ns: list[float] = []
         self.ys: list[float] = []
         self.spi: float | None = None
@@ -175,17 +210,26 @@ class Estimator:
         if len(self.ns) < self.min_points:
             return Estimate(None, None, None, f"{len(self.ns)} values of {self.metric} so far; "
                             f"the learning curve needs {self.min_points}", self.spi, None)
-        fit = fit_power_law(self.ns, self.ys)
+        ys = np.asarray(self.ys)
+        start = regime_start(ys, self.mode)
+        if len(ys) - start < self.min_points:
+            start = 0
+        fit = fit_power_law(self.ns[start:], ys[start:], self.bounds)
         if fit is None:
             return Estimate(None, None, None, f"{self.metric} has not changed; no learning curve to fit",
                             self.spi, None)
         if (fit.a < 0) != (self.mode == "max"):
             return Estimate(None, None, None, f"{self.metric} is not improving (fitted trend goes the "
                             "wrong way)", self.spi, fit)
+        if fit.alpha <= _ALPHA_MIN * 1.01 or fit.r2 < _MIN_R2:
+            why = (f"fitted exponent at the search bound {_ALPHA_MIN}" if fit.r2 >= _MIN_R2
+                   else f"the fit explains {fit.r2:.0%} of its variance, under {_MIN_R2:.0%}")
+            return Estimate(None, None, None, f"{self.metric} does not follow a power law yet ({why})",
+                            self.spi, fit)
         n_star, why = fit.iterations_to(self.target)
         if n_star is None:
             return Estimate(None, None, None, why, self.spi, fit)
-        rem_i = max(math.ceil(n_star) - n, 1)
+        rem_i = max(math.ceil(n_star) - n, 1) + self.patience - 1
         rem_s = rem_i * self.spi if self.spi is not None else None
         note = (f"{self.metric} ≈ {fit.c:.4g} + {fit.a:.4g}·n^-{fit.alpha:.3g} (R²={fit.r2:.3f}); "
                 f"target {self.target:g} expected at iteration {math.ceil(n_star)}")

@@ -94,6 +94,12 @@ def metric_mode(name: str) -> Mode:
     return _METRICS[resolve_metric(name)][0]
 
 
+def metric_range(name: str) -> tuple[float | None, float | None]:
+    """The values ``name`` can take (``None`` = unbounded)."""
+    _, low, high = _METRICS[resolve_metric(name)]
+    return low, high
+
+
 def _check_metric_threshold(name: str, value: float, what: str) -> None:
     _, low, high = _METRICS[name]
     if not math.isfinite(value):

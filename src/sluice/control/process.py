@@ -35,6 +35,7 @@ from sluice.control.params import (
     Requirements,
     Termination,
     metric_mode,
+    metric_range,
     parse_requirements,
     parse_termination,
 )
@@ -52,17 +53,20 @@ DataProvider = Callable[[TrainingReport], Any]
 
 def goal_of(
     termination: Termination, requirements: Requirements | None, error_metric: str
-) -> tuple[str, float, str] | None:
-    """The result training aims at, as ``(metric, target, mode)``: the first performance target of the
-    termination parameters, else of the requirements, else the training error threshold."""
+) -> tuple[str, float, str, int] | None:
+    """The result training aims at, as ``(metric, target, mode, patience)``: the first performance target
+    of the termination parameters, else of the requirements, else the training error threshold. The
+    target to reach is the threshold passed by its ``min_delta``."""
     if termination.performance:
         m, c = next(iter(termination.performance.items()))
-        return m, c.threshold, metric_mode(m)
+        mode = metric_mode(m)
+        return m, c.threshold + (c.min_delta if mode == "max" else -c.min_delta), mode, c.patience
     if requirements is not None and requirements.performance:
         m, v = next(iter(requirements.performance.items()))
-        return m, v, metric_mode(m)
+        return m, v, metric_mode(m), 1
     if termination.training_error is not None:
-        return error_metric, termination.training_error.threshold, "min"
+        c = termination.training_error
+        return error_metric, c.threshold - c.min_delta, "min", c.patience
     return None
 
 
@@ -218,8 +222,9 @@ class TrainingProcess:
         times = [x for x in (t.training_time_s, r.max_training_time_s if r else None) if x]
         est = Estimator(
             metric=goal[0] if goal else None, target=goal[1] if goal else None,
-            mode=goal[2] if goal else "max", iteration_budget=t.iterations,
+            mode=goal[2] if goal else "max", patience=goal[3] if goal else 1, iteration_budget=t.iterations,
             time_budget_s=min(times) if times else None,
+            bounds=metric_range(goal[0]) if goal else (None, None),
         )
         for n, metrics, secs in getattr(self, "history", []):
             est.add(n, metrics, secs)
