@@ -258,3 +258,20 @@ def test_update_keeps_state_of_unchanged_criteria() -> None:
     term = {"iterations": 100, "performance": {"accuracy": {"threshold": 0.8, "patience": 4}}}
     rep = train(eng, term, on_event=on_event, clock=eng.clock)
     _assert_stopped_at(eng, rep, 4, "performance.test_accuracy")
+
+
+def test_replay_a_recorded_run(tmp_path) -> None:
+    """What-if: replay a run's metrics.jsonl under other termination parameters."""
+    from sluice.engine import IterationEvent
+    from sluice.runs import History, RunDir
+
+    hist = History("round")
+    with RunDir(tmp_path) as run:
+        for r, acc in enumerate([0.2, 0.5, 0.7, 0.8, 0.9], start=1):
+            run.log(hist.add(IterationEvent(iteration=r, metrics={"test_accuracy": acc}, bytes_up=10,
+                                            bytes_down=5, seconds=0.5)))
+    eng = ReplayEngine.from_run(tmp_path)
+    rep = train(eng, {"performance": {"accuracy": 0.75}, "iterations": 5}, clock=eng.clock)
+    _assert_stopped_at(eng, rep, 4, "performance.test_accuracy")
+    assert set(rep.performance) == {"test_accuracy"}
+    assert (rep.bytes_up, rep.bytes_down, rep.duration_s) == (40, 20, 2.0)
