@@ -275,3 +275,18 @@ def test_replay_a_recorded_run(tmp_path) -> None:
     _assert_stopped_at(eng, rep, 4, "performance.test_accuracy")
     assert set(rep.performance) == {"test_accuracy"}
     assert (rep.bytes_up, rep.bytes_down, rep.duration_s) == (40, 20, 2.0)
+
+
+def test_successive_updates_accumulate_and_empty_update_is_refused() -> None:
+    eng = ReplayEngine(_acc([0.5, 0.6, 0.7, 0.8, 0.9, 0.95]))
+
+    def on_event(ev, proc: TrainingProcess) -> None:
+        if proc.n == 1:
+            proc.update({"performance": {"accuracy": 0.85}})
+            proc.update(requirements={"performance": {"f1": 0.1}, "stop_when_met": False})
+            with pytest.raises(Exception, match="no termination criterion"):
+                proc.update({"iterations": None, "performance": None})
+
+    rep = train(eng, {"iterations": 6}, on_event=on_event, clock=eng.clock)
+    _assert_stopped_at(eng, rep, 5, "performance.test_accuracy")
+    assert rep.requirements_met is False  # the requirement update took effect too (no f1 reported)

@@ -169,15 +169,13 @@ class TrainingProcess:
         """New parameters while training runs; a dict is merged into the current ones (JSON merge patch).
         They take effect at the next iteration."""
         with self._cv:
-            base_t = self._pending[0] if self._pending and self._pending[0] else self.termination
+            prev_t, prev_r = self._pending or (None, None)
+            base_t = prev_t or self.termination
             t = base_t.merged(termination) if isinstance(termination, dict) else termination
-            if t is not None:
-                t = parse_termination(t)
-            r = parse_requirements(requirements) if requirements is not None else None
-            if t is not None:
-                probe = Monitor(t, r or self.requirements, self.model)
-                if not probe.rules:
-                    raise ConfigError("the updated termination parameters have no criterion")
+            t = parse_termination(t) if t is not None else prev_t
+            r = parse_requirements(requirements) if requirements is not None else prev_r
+            if not Monitor(t or self.termination, r or self.requirements, self.model).rules:
+                raise ConfigError("the updated parameters leave no termination criterion")
             self._pending = (t, r)
             self._cv.notify_all()
 
