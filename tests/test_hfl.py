@@ -219,3 +219,15 @@ def test_every_uplink_trains_and_learns(up: str, lossless: str) -> None:
     events = [eng.iterate() for _ in range(12)]
     assert events[-1].metrics["test_accuracy"] > 0.3  # chance is 0.1 on digits
     assert all(e.bytes_up > 0 for e in events)
+
+
+def test_requirements_refuse_too_little_data_and_too_slow_rounds() -> None:
+    from sluice.control import Cause, Requirements, Termination, train
+
+    cfg = _small()
+    report = train(HFLEngine(cfg), Termination(iterations=3), Requirements(min_data_amount=10**6))
+    assert report.cause == Cause.INSUFFICIENT_TRAINING_SAMPLES and report.iterations == 0
+    report = train(HFLEngine(cfg), Termination(iterations=3), Requirements(max_training_time_s=1e-6))
+    assert report.cause == Cause.INSUFFICIENT_COMPUTE and report.iterations == 0
+    report = train(HFLEngine(cfg), Termination(iterations=3), Requirements(min_data_amount=10))
+    assert report.iterations == 3

@@ -101,6 +101,32 @@ class HFLEngine:
         return num_params(self.model)
 
     @property
+    def num_samples(self) -> int:
+        """Training samples held by all terminals together."""
+        self.start()
+        return sum(len(y) for _, y in self.data.clients)
+
+    @property
+    def num_layers(self) -> int:
+        """Linear layers of the model."""
+        return len(self.cfg.model.hidden) + 1
+
+    @property
+    def metric_names(self) -> list[str]:
+        return ["train_loss", "test_loss", "test_accuracy", "test_precision", "test_recall", "test_f1",
+                "participants", "dropped"]
+
+    def probe(self, iterations: int = 2) -> float:
+        """Seconds per round, timed on a scratch copy of the federation (this engine is left untouched)."""
+        self.start()
+        scratch = HFLEngine(self.cfg, self.data)
+        scratch.start()
+        t0 = time.perf_counter()
+        for _ in range(max(1, iterations)):
+            scratch.iterate()
+        return (time.perf_counter() - t0) / max(1, iterations)
+
+    @property
     def params(self) -> np.ndarray:
         self.start()
         return self.server.params
