@@ -11,16 +11,11 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from sluice.control.params import Requirements, Termination
 from sluice.errors import ConfigError
-
-
-class Section(BaseModel):
-    """Base of every config section: unknown keys are errors, values are validated on assignment."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+from sluice.schema import Section
 
 
 class DataConfig(Section):

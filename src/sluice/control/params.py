@@ -24,19 +24,10 @@ import math
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from sluice.errors import ConfigError
-
-
-class Section(BaseModel):
-    """Base of every control section: unknown keys are errors, values are validated on assignment.
-
-    (The same rules as :class:`sluice.config.Section`; defined here so that ``sluice.config`` can embed
-    these sections without an import cycle.)
-    """
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+from sluice.schema import Section
 
 Mode = Literal["min", "max"]
 
