@@ -70,6 +70,15 @@ class SplitTrainConfig(Section):
 class PipelineConfig(Section):
     groups: int | Literal["auto"] = Field("auto", description="G: groups per batch, or 'auto'")
     max_groups: int = Field(32, ge=1, description="largest G 'auto' may choose")
+    switch_interval_ms: float | None = Field(
+        0.5, gt=0, description="Python thread switch interval while parties run (restored afterwards); "
+        "a short one hands the interpreter back to the compute thread quickly after transport threads ran. "
+        "None: leave it alone"
+    )
+    op_overhead_ms: float = Field(
+        0.3, ge=0, description="per-operation cost that isolated timing misses (dispatch, scheduling, "
+        "message handling); used only by the automatic choice of G"
+    )
     queue_threshold_bytes: int | None = Field(
         None, ge=1, description="P4 back-pressure threshold; default: 1% of available memory, 1-256 MB"
     )

@@ -2,11 +2,13 @@
 
 The followers run in threads over emulated links (``transport.emulate``); the number of steps is open,
 so the control plane decides when to stop. ``suspend`` tells the followers to wait without their stall
-timeout until ``resume``.
+timeout until ``resume``. Between ``start`` and ``stop`` the interpreter's thread switch interval is
+``pipeline.switch_interval_ms``.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -36,12 +38,16 @@ class SplitEngine:
         self._errors: list[BaseException] = []
         self._suspended = False
         self._stopped = False
+        self._old_switch: float | None = None
 
     def start(self) -> None:
         if self.leader is not None:
             return
         torch.set_num_threads(1)
         cfg = self.cfg
+        if cfg.pipeline.switch_interval_ms is not None:  # restored by stop()
+            self._old_switch = sys.getswitchinterval()
+            sys.setswitchinterval(cfg.pipeline.switch_interval_ms / 1000.0)
         em = cfg.transport.emulate
         bw = None if em.bandwidth_mbps is None else em.bandwidth_mbps * 1e6
         task = build_task(cfg, unbounded=True)
@@ -101,6 +107,8 @@ class SplitEngine:
         finally:
             for t in self._threads:
                 t.join(timeout=self.cfg.transport.timeout_s + 5.0)
+            if self._old_switch is not None:
+                sys.setswitchinterval(self._old_switch)
         if self._errors:
             raise self._errors[0]
 

@@ -184,34 +184,37 @@ class Leader(Worker):
             self.send_control(name, "profile_req", {"batch": B})
             prof[name] = self.wait_control(name, "profile", "a compute profile").body
         links = {name: self.probe_link(name, nbytes) for name in self.followers}
+        o = self.cfg.pipeline.op_overhead_ms / 1000.0
+
+        def cpu(name: str, who: str, fit: list[float]) -> StageModel:
+            return StageModel(name, f"cpu:{who}", fit[0] + o, fit[1])
+
         chains, extra, lat = [], [], 0.0
         seed_vals = []
         for name in self.followers:
             p, lk = prof[name], links[name]
-            fw = StageModel("follower.fwd", f"cpu:{name}", *p["fwd"])
-            bw = StageModel("follower.bwd", f"cpu:{name}", *p["bwd"])
+            fw, bw = cpu("follower.fwd", name, p["fwd"]), cpu("follower.bwd", name, p["bwd"])
             up = StageModel("up", f"up:{name}", *p["bytes"], bandwidth=lk["up_Bps"])
             down = StageModel("down", f"down:{name}", *p["bytes"], bandwidth=lk["down_Bps"])
-            head = StageModel("head", "cpu:leader", *mine["head"])
+            head = cpu("head", "leader", mine["head"])
+            send_bytes = p["bytes"][0] + p["bytes"][1] * B
             if self.task.topology == "5":
-                a1f = StageModel("leader.fwd", "cpu:leader", *mine["bottom.fwd"])
-                a1b = StageModel("leader.bwd", "cpu:leader", *mine["bottom.bwd"])
+                a1f = cpu("leader.fwd", "leader", mine["bottom.fwd"])
+                a1b = cpu("leader.bwd", "leader", mine["bottom.bwd"])
                 down2 = StageModel("down", f"down:{name}", *p["bytes"], bandwidth=lk["down_Bps"])
                 up2 = StageModel("up", f"up:{name}", *p["bytes"], bandwidth=lk["up_Bps"])
                 chains.append([a1f, down, fw, up, head, down2, bw, up2, a1b])
                 lat = max(lat, 2 * lk["rtt_s"])
-                send_bytes = p["bytes"][0] + p["bytes"][1] * B
                 compute = a1f.seconds(B) + a1b.seconds(B)
             else:
                 chains.append([fw, up, head, down, bw])
                 lat = max(lat, lk["rtt_s"])
-                send_bytes = p["bytes"][0] + p["bytes"][1] * B
                 compute = fw.seconds(B) + bw.seconds(B)
             seed_vals.append(seed_formula(send_bytes, lk["up_Bps"], compute))
         if self.task.topology == "6":
             extra = [
-                StageModel("leader.fwd", "cpu:leader", *mine["bottom.fwd"]),
-                StageModel("leader.bwd", "cpu:leader", *mine["bottom.bwd"]),
+                cpu("leader.fwd", "leader", mine["bottom.fwd"]),
+                cpu("leader.bwd", "leader", mine["bottom.bwd"]),
             ]
         model = StepModel(chains, lat, extra)
         choice = choose_groups(model, B, self.cfg.pipeline.max_groups, max(seed_vals))

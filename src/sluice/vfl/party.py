@@ -19,9 +19,11 @@ that step; it starts the next step at once (the batch order is agreed, so no mes
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -48,6 +50,23 @@ def default_threshold() -> int:
     """P4 threshold from memory size: 1 % of available memory, between 1 MB and 256 MB."""
     avail = psutil.virtual_memory().available
     return int(min(256 << 20, max(1 << 20, avail // 100)))
+
+
+@contextmanager
+def switch_interval(ms: float | None) -> Iterator[None]:
+    """Run with ``sys.setswitchinterval(ms / 1000)`` and restore the previous interval afterwards.
+
+    Transport threads (gRPC, emulated links) take the interpreter lock briefly for every message; with the
+    default 5 ms interval the compute thread may wait that long to get it back after each kernel."""
+    if ms is None:
+        yield
+        return
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(ms / 1000.0)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(old)
 
 
 class Stopped(Exception):

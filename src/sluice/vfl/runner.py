@@ -28,7 +28,7 @@ from sluice.transport.link import Link
 from .config import SplitConfig, TlsConfig
 from .follower import Follower
 from .leader import Leader
-from .party import fail_peers
+from .party import fail_peers, switch_interval
 from .task import build_task
 
 Record = dict[str, Any]
@@ -151,7 +151,8 @@ def run_inprocess(
         t.start()
     t0 = time.perf_counter()
     try:
-        records = drive(leader, on_record)
+        with switch_interval(cfg.pipeline.switch_interval_ms):
+            records = drive(leader, on_record)
     except BaseException as exc:
         fail_peers(leader, exc)
         for t in threads:
@@ -223,7 +224,8 @@ def serve_follower(
         if on_event:
             on_event("leader connected")
         f = Follower(link, cfg.party, cfg.transport.timeout_s, cfg.pipeline.queue_threshold_bytes)
-        return f.serve()
+        with switch_interval(cfg.pipeline.switch_interval_ms):
+            return f.serve()
     finally:
         listener.close()
 
@@ -261,7 +263,8 @@ def run_leader(
             link.close()
         raise
     try:
-        records = drive(leader, on_record)
+        with switch_interval(cfg.pipeline.switch_interval_ms):
+            records = drive(leader, on_record)
     except BaseException as exc:
         fail_peers(leader, exc)
         raise
