@@ -99,3 +99,41 @@ def test_dead_or_stalled_follower_process_gives_a_clear_error(tmp_path, sig, tim
     finally:
         p.kill()
         p.wait(10)
+
+
+def test_follower_reports_a_vanished_leader(tmp_path):
+    """The follower side of 'never a hang': its leader disappears right after the proposal."""
+    import threading
+
+    from sluice.transport.grpc_link import connect
+    from sluice.transport.wire import ControlMsg, decode, encode_control
+    from sluice.vfl.runner import serve_follower
+    from sluice.vfl.task import build_task, proposal_for
+
+    cfg = SplitConfig.model_validate({"train": {"steps": 50}, "pipeline": {"groups": 2},
+                                      "transport": {"timeout_s": 20}})
+    ready = tmp_path / "addr"
+    out: dict = {}
+
+    def follower() -> None:
+        try:
+            serve_follower(cfg, "127.0.0.1:0", "follower-1", str(ready), accept_timeout=20)
+        except SluiceError as exc:
+            out["error"] = exc
+            out["t"] = time.perf_counter()
+
+    th = threading.Thread(target=follower, daemon=True)
+    th.start()
+    end = time.monotonic() + 20
+    while not ready.exists() and time.monotonic() < end:
+        time.sleep(0.02)
+    link = connect(ready.read_text(), 10)
+    link.send(encode_control("propose", proposal_for(build_task(cfg), 0, 2, tls=False)))
+    accept = {"name": "follower-1", "params": 1200, "secure": False}
+    assert decode(link.recv(20)) == ControlMsg("accept", accept)
+    t0 = time.perf_counter()
+    link.abort()  # the leader process is gone
+    th.join(10)
+    assert not th.is_alive()
+    assert "failed" in str(out["error"]) or "closed" in str(out["error"])
+    assert out["t"] - t0 < 5
