@@ -30,9 +30,12 @@ def _run(cmd: list[str]) -> None:
 class NetnsPair:
     """Namespaces ``ns_a`` (address ``addr_a``) and ``ns_b`` (``addr_b``), a ``rate_mbit`` tbf each way."""
 
+    _count = 0
+
     def __init__(self, rate_mbit: float = 100.0, burst: str = "16kb", queue_latency_ms: int = 50,
                  subnet: str = "10.231.77") -> None:
-        tag = f"{os.getpid() % 100000}"
+        NetnsPair._count += 1
+        tag = f"{os.getpid() % 100000}x{NetnsPair._count % 100}"
         self.ns_a, self.ns_b = f"sla{tag}", f"slb{tag}"
         self.veth_a, self.veth_b = f"vsla{tag}", f"vslb{tag}"
         self.addr_a, self.addr_b = f"{subnet}.1", f"{subnet}.2"
