@@ -78,7 +78,6 @@ class GrpcLink(Link):
         self._pending = 0
         self._plock = threading.Lock()
         self._done = threading.Event()
-        self._on_close: list = []
 
     def send(self, payload: bytes) -> None:
         if self._closed:
@@ -132,8 +131,6 @@ class GrpcLink(Link):
             return
         self._closed = True
         self._out.put(None)
-        for fn in self._on_close:
-            fn()
 
 
 class GrpcListener:

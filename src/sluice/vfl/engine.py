@@ -8,6 +8,7 @@ timeout until ``resume``. Between ``start`` and ``stop`` the interpreter's threa
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 from pathlib import Path
@@ -89,13 +90,16 @@ class SplitEngine:
             fail_peers(self.leader, exc)
             raise
         metrics = {"train_loss": rec["loss"], "train_accuracy": rec["accuracy"]}
+        anomaly, detail = None, ""
+        if not math.isfinite(rec["loss"]):
+            anomaly, detail = "DIVERGED", f"the training loss of step {s} is {rec['loss']}"
         for k in ("test_loss", "test_accuracy", "test_auc"):
             if k in rec:
                 metrics[k] = rec[k]
         metrics["idle_leader_s"] = rec["idle_s"]["leader"]
         return IterationEvent(
             iteration=s, metrics=metrics, bytes_up=rec["bytes_up"], bytes_down=rec["bytes_down"],
-            seconds=rec["step_time_s"],
+            seconds=rec["step_time_s"], anomaly=anomaly, detail=detail,
         )
 
     def stop(self) -> None:

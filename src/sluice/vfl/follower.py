@@ -66,7 +66,7 @@ class Follower(Worker):
         self.link = link
         self.model: torch.nn.Module | None = None
         self.proposal: dict[str, Any] = {}
-        self.step_no = 0
+        self.steps_done = 0
         self.saved: dict[int, Any] = {}
 
     # -- negotiation -----------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from sklearn.metrics import roc_auc_score
 
 from sluice.errors import ConfigError, NegotiationError
 from sluice.transport.link import Link
-from sluice.transport.wire import encode_raw, encode_tensor
+from sluice.transport.wire import encode_raw
 
 from .config import SplitConfig
 from .data import party_data
@@ -402,6 +402,3 @@ class Leader(Worker):
         if self.bottom is not None:
             out["leader.bottom"] = {k: v.detach().clone() for k, v in self.bottom.state_dict().items()}
         return out
-
-    def wire_bytes(self, n: int) -> int:
-        return len(encode_tensor(0, 0, "emb", torch.zeros(n, self.cfg.model.embedding, dtype=self.dtype)))

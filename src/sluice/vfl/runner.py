@@ -114,7 +114,10 @@ def summarize(leader: Leader, records: list[Record], wall_s: float) -> dict[str,
 def run_inprocess(
     cfg: SplitConfig, on_record: OnRecord | None = None, trace: bool = False, follower_hook: Any = None
 ) -> SplitResult:
-    """Leader in this thread, each follower in a thread, joined by emulated links (``transport.emulate``)."""
+    """Leader in this thread, each follower in a thread, joined by emulated links (``transport.emulate``).
+
+    ``trace`` keeps every scheduling decision of every party (``SplitResult.traces``); ``follower_hook(i,
+    follower)`` runs in follower ``i``'s thread before it serves (tests use it to inject failures)."""
     torch.set_num_threads(1)
     em = cfg.transport.emulate
     bw = None if em.bandwidth_mbps is None else em.bandwidth_mbps * 1e6
