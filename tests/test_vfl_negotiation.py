@@ -112,3 +112,22 @@ def test_engine_protocol_one_step_per_iterate(tmp_path):
     eng.stop()
     with pytest.raises(TrainingError):
         eng.iterate()
+
+
+@pytest.mark.parametrize("mode", ["auto", "seed"])
+def test_groups_chosen_from_measured_link_and_compute(mode):
+    cfg = _cfg(pipeline={"groups": mode, "max_groups": 16}, train={"steps": 3},
+               transport={"emulate": {"bandwidth_mbps": 4.0, "burst_bytes": 1500}})
+    res = run_inprocess(cfg)
+    choice = res.summary["group_choice"]
+    cal = res.summary["calibration"]
+    # the probes measured the emulated 4 Mbit/s (500 kB/s) each way
+    for way in ("down_Bps", "up_Bps"):
+        assert 0.8 * 5e5 < cal["links"]["follower-1"][way] < 1.2 * 5e5
+    # sending a batch (64 x 16 float32) takes ~8 ms, computing it well under a millisecond
+    assert choice["seed_formula"] > 2
+    if mode == "seed":
+        assert res.summary["groups"] == min(16, round(choice["seed_formula"]))
+    else:
+        assert res.summary["groups"] > 1 and choice["predicted_step_s"] < choice["predicted_serial_step_s"]
+    assert all(r["groups"] == res.summary["groups"] for r in res.records)

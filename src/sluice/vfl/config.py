@@ -68,7 +68,11 @@ class SplitTrainConfig(Section):
 
 
 class PipelineConfig(Section):
-    groups: int | Literal["auto"] = Field("auto", description="G: groups per batch, or 'auto'")
+    groups: int | Literal["auto", "seed"] = Field(
+        "auto",
+        description="G: groups per batch; 'auto': measure, then minimise the predicted step time; 'seed': "
+        "measure, then the seed's formula (transfer time / compute time of a batch, rounded)",
+    )
     max_groups: int = Field(32, ge=1, description="largest G 'auto' may choose")
     switch_interval_ms: float | None = Field(
         0.5, gt=0, description="Python thread switch interval while parties run (restored afterwards); "
@@ -87,7 +91,7 @@ class PipelineConfig(Section):
     @classmethod
     def _groups(cls, v: int | str) -> int | str:
         if isinstance(v, int) and v < 1:
-            raise ValueError(f"groups must be a positive integer or 'auto', got {v}")
+            raise ValueError(f"groups must be a positive integer, 'auto' or 'seed', got {v}")
         return v
 
 

@@ -1,8 +1,9 @@
 """The leader: holds the labels and the top model, starts the task, negotiates, chooses G, drives steps.
 
 Lifecycle: :meth:`Leader.start` (negotiate, then choose G -- measuring the links and the parties'
-compute when ``pipeline.groups = "auto"`` -- and send ``start``), :meth:`Leader.run_step` per step,
-:meth:`Leader.records` for finished step records, :meth:`Leader.finish` (``stop``/``bye``).
+compute when ``pipeline.groups`` is ``"auto"`` or ``"seed"`` -- and send ``start``),
+:meth:`Leader.run_step` per step, :meth:`Leader.records` for finished step records, :meth:`Leader.finish`
+(``stop``/``bye``).
 """
 
 from __future__ import annotations
@@ -226,7 +227,16 @@ class Leader(Worker):
         """Negotiate, choose G and tell the followers to start."""
         self.negotiate()
         g = self.cfg.pipeline.groups
-        self.groups = self.choose_g() if g == "auto" else int(g)
+        if g == "auto":
+            self.groups = self.choose_g()
+        elif g == "seed":
+            self.choose_g()
+            assert self.choice is not None
+            B = self.task.hparams["batch_size"]
+            top = max(1, min(self.cfg.pipeline.max_groups, B))
+            self.groups = int(min(top, max(1, round(self.choice.seed_formula))))
+        else:
+            self.groups = int(g)
         if self.bottom is not None:
             check_exact(self.bottom, "leader.bottom", self.groups, self.cfg.model.allow_batch_coupled)
         for name in self.followers:
