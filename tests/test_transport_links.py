@@ -27,14 +27,14 @@ def test_bandwidth_is_enforced_per_direction():
         b.recv(5)
     dt = time.perf_counter() - t0
     ideal = (250_000 - 16 * 1024) / 2.5e6  # the full bucket lets the first 16 KB through at once
-    assert ideal * 0.97 < dt < ideal + 0.1
+    assert ideal * 0.97 < dt < ideal + 0.4
     assert a.pending_bytes() == 0
     assert a.stats.bytes_sent == b.stats.bytes_received == 250_000
     assert a.stats.messages_sent == b.stats.messages_received == 10
 
 
 def test_full_duplex_and_latency():
-    a, b = emulated_pair(20e6, 0.03, burst_bytes=1000)
+    a, b = emulated_pair(8e6, 0.02, burst_bytes=1000)  # 1 MB/s each way
     t0 = time.perf_counter()
     for _ in range(4):
         a.send(bytes(25_000))
@@ -43,8 +43,9 @@ def test_full_duplex_and_latency():
         b.recv(5)
         a.recv(5)
     dt = time.perf_counter() - t0
-    one_way = (100_000 - 1000) / 2.5e6 + 0.03
-    assert one_way * 0.97 < dt < one_way + 0.1  # both directions at once: no slower than one
+    one_way = (100_000 - 1000) / 1e6 + 0.02
+    # both directions at once take as long as one (sharing one wire would take 0.2 s)
+    assert one_way * 0.97 < dt < one_way * 1.6
 
 
 def test_latency_delays_small_messages_and_order_is_kept():

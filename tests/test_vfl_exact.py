@@ -54,15 +54,32 @@ def test_pipelined_equals_full_batch(topology, followers, dataset, groups):
     assert _maxdiff(first, ref) > 1e-3
 
 
-def test_backpressure_on_every_group_keeps_the_update_exact():
-    """A 1-byte queue threshold forces second-type work whenever anything waits to be sent."""
-    kw = {"topology": "6", "followers": 1, "train": {"optimizer": "sgd", "lr": 0.1}}
-    ref, _ = reference_train(_cfg(**kw), 5)
-    res = run_inprocess(_cfg(pipeline={"groups": 5, "queue_threshold_bytes": 1},
-                             transport={"emulate": {"bandwidth_mbps": 50}}, **kw), trace=True)
+def test_backpressure_keeps_the_update_exact():
+    """A send queue that is always over the threshold: the follower interleaves backward passes with its
+    (slowed-down) forward passes as soon as gradients arrive, and the update is still exact."""
+    import time
+
+    kw = {"topology": "6", "followers": 1, "train": {"optimizer": "sgd", "lr": 0.1, "steps": 3}}
+    ref, _ = reference_train(_cfg(**kw), 3)
+
+    def hook(i, f):
+        f.queued_bytes = lambda: 10**9
+        run = f._execute
+
+        def slow(op, step, groups):
+            if op.name == "bottom.fwd":
+                time.sleep(0.02)
+            return run(op, step, groups)
+
+        f._execute = slow
+
+    res = run_inprocess(_cfg(pipeline={"groups": 5}, **kw), trace=True, follower_hook=hook)
     assert _maxdiff(res.states, ref) <= 1e-6
-    modes = {d.mode for d in res.traces["follower-1"]}
-    assert "backpressure" in modes
+    order = [(d.op.name, d.mode) for d in res.traces["follower-1"] if d.op is not None]
+    assert ("bottom.bwd", "backpressure") in order
+    # a backward pass ran before the last forward pass of its step
+    first_bwd = next(i for i, (n, _) in enumerate(order) if n == "bottom.bwd")
+    assert any(n == "bottom.fwd" for n, _ in order[first_bwd:5 * 2])
 
 
 def test_serial_and_pipelined_loss_curves_match_in_float32():

@@ -85,7 +85,7 @@ def test_stalled_follower_times_out():
     with pytest.raises(TransportError, match="stalled or died"):
         hook = _hook_fail_at(2, lambda f: time.sleep(2))
         run_inprocess(_cfg(transport={"timeout_s": 0.5}), follower_hook=hook)
-    assert time.perf_counter() - t0 < 4
+    assert time.perf_counter() - t0 < 8
 
 
 def test_cut_link_is_reported_on_the_leader():
@@ -123,7 +123,7 @@ def test_groups_chosen_from_measured_link_and_compute(mode):
     cal = res.summary["calibration"]
     # the probes measured the emulated 4 Mbit/s (500 kB/s) each way
     for way in ("down_Bps", "up_Bps"):
-        assert 0.8 * 5e5 < cal["links"]["follower-1"][way] < 1.2 * 5e5
+        assert 0.65 * 5e5 < cal["links"]["follower-1"][way] < 1.35 * 5e5
     # sending a batch (64 x 16 float32) takes ~8 ms, computing it well under a millisecond
     assert choice["seed_formula"] > 2
     if mode == "seed":
