@@ -131,3 +131,17 @@ def test_groups_chosen_from_measured_link_and_compute(mode):
     else:
         assert res.summary["groups"] > 1 and choice["predicted_step_s"] < choice["predicted_serial_step_s"]
     assert all(r["groups"] == res.summary["groups"] for r in res.records)
+
+
+def test_malformed_proposal_is_refused_not_crashed():
+    from sluice.transport.emulated import emulated_pair
+    from sluice.transport.wire import ControlMsg, decode, encode_control
+    from sluice.vfl.follower import Follower
+
+    a, b = emulated_pair()
+    f = Follower(b, PartyPolicy(), timeout_s=2)
+    a.send(encode_control("propose", {"protocol": 1, "dataset": {"dataset": "digits", "n_samples": -3}}))
+    with pytest.raises(NegotiationError, match="malformed proposal|refused"):
+        f.negotiate()
+    msg = decode(a.recv(2))
+    assert isinstance(msg, ControlMsg) and msg.type == "refuse" and msg.body["reason"]

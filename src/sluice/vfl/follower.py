@@ -57,6 +57,8 @@ def judge(policy: PartyPolicy, proposal: dict[str, Any], secure: bool) -> str | 
 
 
 class Follower(Worker):
+    """A party holding some feature columns (4A, 6) or the middle model (5), serving one leader's task."""
+
     def __init__(
         self, link: Link, policy: PartyPolicy, timeout_s: float, threshold: int | None = None
     ) -> None:
@@ -73,14 +75,16 @@ class Follower(Worker):
     def negotiate(self) -> None:
         msg = self.wait_control("leader", "propose", "the task proposal")
         p = msg.body
-        reason = judge(self.policy, p, self.link.secure)
-        if reason is None:
-            try:
+        try:
+            reason = judge(self.policy, p, self.link.secure)
+            if reason is None:
                 self._prepare(p)
-            except DataError as exc:
-                reason = f"sample ids do not match: {exc}"
-            except SluiceError as exc:
-                reason = str(exc)
+        except DataError as exc:
+            reason = f"sample ids do not match: {exc}"
+        except SluiceError as exc:
+            reason = str(exc)
+        except (KeyError, TypeError, ValueError) as exc:
+            reason = f"malformed proposal ({type(exc).__name__}: {exc})"
         if reason is not None:
             self.send_control("leader", "refuse", {"reason": reason})
             self.link.flush(2.0)
