@@ -157,8 +157,8 @@ def test_grpc_client_abort_is_reported_to_the_server(grpc_pair):
 def test_grpc_second_leader_is_refused(grpc_pair):
     lis, client, server = grpc_pair
     other = connect(lis.address, 5.0)
-    other.send(b"me too")
-    with pytest.raises(TransportError, match="already serves"):
+    with pytest.raises(TransportError, match="already serves"):  # from send when the refusal came first
+        other.send(b"me too")
         other.recv(5)
     other.close()
 

@@ -82,8 +82,8 @@ class GrpcLink(Link):
     def send(self, payload: bytes) -> None:
         if self._closed:
             raise TransportError(f"{self.name}: cannot send on a closed link")
-        if self._done.is_set():
-            raise TransportError(f"{self.name}: the stream to {self._peer} has ended")
+        if self._done.is_set():  # say why the stream ended when the peer said so
+            raise self._failure or TransportError(f"{self.name}: the stream to {self._peer} has ended")
         with self._plock:
             self._pending += len(payload)
         self._out.put(payload)

@@ -96,6 +96,7 @@ class Link:
         self._inbox = Inbox()
         self._peer = name
         self._closed = False
+        self._failure: TransportError | None = None
 
     # -- receiving -------------------------------------------------------------------------------
     def attach(self, inbox: Inbox, peer: str) -> None:
@@ -127,6 +128,7 @@ class Link:
     def _fail(self, message: str) -> None:
         with self._lock:
             err = TransportError(f"{self._peer}: {message}")
+            self._failure = err
             self._inbox.put(Delivery(self._peer, None, time.perf_counter(), err))
 
     def _count_sent(self, n: int) -> None:
