@@ -53,3 +53,18 @@ class Engine(Protocol):
     def add_data(self, data: Any) -> None: ...
 
     def save(self, path: str) -> str: ...
+
+
+class Suspendable:
+    """The suspend/resume/stop part of :class:`Engine` for engines whose pause is just a flag."""
+
+    _suspended: bool = False
+
+    def stop(self) -> None:
+        self._suspended = False
+
+    def suspend(self) -> None:
+        self._suspended = True
+
+    def resume(self) -> None:
+        self._suspended = False

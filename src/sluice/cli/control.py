@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from sluice.cli.common import add_config_arguments
 from sluice.config import Section, load_config
 from sluice.control import (
     ModelIdentity,
@@ -185,10 +186,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Train an MLP on one embedded dataset in one place, stopping when [termination] or "
         "[requirements] say so; writes config.toml, metrics.jsonl, status.json, report.json and model.pt.",
     )
-    p.add_argument("config", nargs="?", help="TOML config file (default: built-in)")
-    p.add_argument("--out", help="run directory (default: runs/local-<timestamp>)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config value, e.g. --set termination.performance.accuracy=0.95")
+    add_config_arguments(p, out_default="runs/local-<timestamp>", example="termination.performance.accuracy=0.95")
     p.set_defaults(func=_local)
 
     d = sub.add_parser("data", help="hand more training data to a run")

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from sluice.cli.common import add_config_arguments
 from sluice.cli.control import report_table, status_writer, termination_for_run
 from sluice.config import RunConfig, load_config
 from sluice.control import ModelIdentity, ResourceSampler, TrainingProcess
@@ -27,10 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "Dirichlet 0.3, q=0.25, 150 rounds). Dense FedAvg baseline: "
         "--set compression.up=dense --set compression.down=dense",
     )
-    p.add_argument("config", nargs="?", help="TOML config file (default: built-in)")
-    p.add_argument("--out", help="run directory (default: runs/run-<timestamp>)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config value, e.g. --set train.rounds=50 (repeatable)")
+    add_config_arguments(p, out_default="runs/run-<timestamp>", example="train.rounds=50")
     p.set_defaults(func=_main)
 
 

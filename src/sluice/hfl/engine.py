@@ -20,7 +20,7 @@ import torch
 from sluice.compress import decode_to_dense, make_uplink
 from sluice.config import RunConfig
 from sluice.data import FederatedData, load_federated
-from sluice.engine import IterationEvent
+from sluice.engine import IterationEvent, Suspendable
 from sluice.errors import DataError, TrainingError
 from sluice.hfl.client import evaluate, local_train
 from sluice.hfl.downlink import Downlink, apply_message
@@ -36,7 +36,7 @@ def uplink_config(cfg: RunConfig):
     return comp
 
 
-class HFLEngine:
+class HFLEngine(Suspendable):
     """Implements :class:`sluice.engine.Engine` for horizontal FL; one iteration is one round."""
 
     def __init__(self, cfg: RunConfig, data: FederatedData | None = None) -> None:
@@ -64,15 +64,6 @@ class HFLEngine:
         self.uplink = make_uplink(uplink_config(cfg))
         self.uplink_states: dict[int, Any] = {}
         self._rng = np.random.default_rng(cfg.seed)
-
-    def stop(self) -> None:
-        self._suspended = False
-
-    def suspend(self) -> None:
-        self._suspended = True
-
-    def resume(self) -> None:
-        self._suspended = False
 
     def add_data(self, data: Any) -> None:
         """Add samples to terminals: ``(terminal, X, y)`` or a list of such triples."""

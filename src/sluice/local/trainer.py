@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from sluice.engine import IterationEvent
+from sluice.engine import IterationEvent, Suspendable
 from sluice.errors import ConfigError, DataError, TrainingError
 from sluice.models import get_flat, mlp, set_flat
 
@@ -61,7 +61,7 @@ def classification_metrics(logits: torch.Tensor, y: np.ndarray, num_classes: int
     }
 
 
-class LocalTrainer:
+class LocalTrainer(Suspendable):
     """Implements :class:`sluice.engine.Engine` for centralised training of an MLP."""
 
     def __init__(
@@ -203,15 +203,6 @@ class LocalTrainer:
                 p.requires_grad_(i >= len(linears) - keep)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.opt = torch.optim.SGD(params, lr=self.lr, momentum=self.momentum)
-
-    def stop(self) -> None:
-        self._suspended = False
-
-    def suspend(self) -> None:
-        self._suspended = True
-
-    def resume(self) -> None:
-        self._suspended = False
 
     def add_data(self, data: Any) -> None:
         """Append samples: ``{"X": ..., "y": ...}`` or ``(X, y)``."""
