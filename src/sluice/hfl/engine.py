@@ -28,14 +28,6 @@ from sluice.hfl.server import ServerState, aggregate, init_server, server_step
 from sluice.models import get_flat, mlp, num_params
 
 
-def uplink_config(cfg: RunConfig):
-    """The compression section with ``up_values = "auto"`` resolved (fp32 dense, fp16 sparse/sketch)."""
-    comp = cfg.compression
-    if comp.up_values == "auto":
-        return comp.model_copy(update={"up_values": "fp32" if comp.up == "dense" else "fp16"})
-    return comp
-
-
 class HFLEngine(Suspendable):
     """Implements :class:`sluice.engine.Engine` for horizontal FL; one iteration is one round."""
 
@@ -61,7 +53,7 @@ class HFLEngine(Suspendable):
         self.server = init_server(self.theta0)
         self.downlink = Downlink(self.d, cfg.compression.downlink, cfg.compression.anchor_every,
                                  num_terminals=len(self.data.clients))
-        self.uplink = make_uplink(uplink_config(cfg))
+        self.uplink = make_uplink(cfg.compression)
         self.uplink_states: dict[int, Any] = {}
         self._rng = np.random.default_rng(cfg.seed)
 
