@@ -29,7 +29,7 @@ from .config import SplitConfig, TlsConfig
 from .follower import Follower
 from .leader import Leader
 from .party import fail_peers, switch_interval
-from .task import build_task
+from .task import Task, build_task
 
 Record = dict[str, Any]
 OnRecord = Callable[[Record], None]
@@ -43,6 +43,16 @@ class SplitResult:
     summary: dict[str, Any]
     states: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
     traces: dict[str, list] = field(default_factory=dict)
+
+
+def _make_leader(cfg: SplitConfig, links: dict[str, Link], task: Task) -> Leader:
+    """The leader over ``links``; the links are closed if it cannot be built."""
+    try:
+        return Leader(cfg, links, task)
+    except BaseException:
+        for link in links.values():
+            link.close()
+        raise
 
 
 def drive(leader: Leader, on_record: OnRecord | None = None) -> list[Record]:
@@ -129,12 +139,7 @@ def run_inprocess(
         links[name] = a
         f = Follower(b, cfg.party, cfg.transport.timeout_s, cfg.pipeline.queue_threshold_bytes)
         followers.append(f)
-    try:
-        leader = Leader(cfg, links, task)
-    except BaseException:
-        for link in links.values():
-            link.close()
-        raise
+    leader = _make_leader(cfg, links, task)
     errors: dict[int, BaseException] = {}
 
     def serve(i: int, f: Follower) -> None:
@@ -259,12 +264,7 @@ def run_leader(
     task = build_task(cfg)
     links = connect_followers(cfg, addresses)
     t0 = time.perf_counter()
-    try:
-        leader = Leader(cfg, links, task)
-    except BaseException:
-        for link in links.values():
-            link.close()
-        raise
+    leader = _make_leader(cfg, links, task)
     try:
         with switch_interval(cfg.pipeline.switch_interval_ms):
             records = drive(leader, on_record)
