@@ -25,13 +25,6 @@ from sluice.errors import NegotiationError
 from sluice.local import LocalTrainer
 
 
-@pytest.fixture(scope="module")
-def digits():
-    from sluice.data import load_dataset
-
-    return load_dataset("digits", seed=0)
-
-
 def _factory(ds, n_train: int | None = None, **kw):
     def make(model, requirements):
         n = n_train or len(ds.y_train)

@@ -25,13 +25,6 @@ from sluice.errors import ConfigError, NegotiationError
 from sluice.local import LocalTrainer
 
 
-@pytest.fixture(scope="module")
-def digits():
-    from sluice.data import load_dataset
-
-    return load_dataset("digits", seed=0)
-
-
 def _local(ds, **kw) -> LocalTrainer:
     kw.setdefault("hidden", (32,))
     return LocalTrainer(ds.X_train, ds.y_train, ds.X_test, ds.y_test, num_classes=ds.num_classes, **kw)

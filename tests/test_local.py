@@ -13,13 +13,6 @@ from sluice.errors import ConfigError, DataError, TrainingError
 from sluice.local import LocalTrainer, classification_metrics
 
 
-@pytest.fixture(scope="module")
-def digits():
-    from sluice.data import load_dataset
-
-    return load_dataset("digits", seed=0)
-
-
 def _eng(ds, **kw) -> LocalTrainer:
     kw.setdefault("hidden", (32,))
     return LocalTrainer(ds.X_train, ds.y_train, ds.X_test, ds.y_test, num_classes=10, **kw)
