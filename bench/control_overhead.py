@@ -31,6 +31,7 @@ from sluice.config import load_config
 from sluice.control import ModelIdentity, ResourceSampler, TrainingProcess
 from sluice.engine import IterationEvent
 from sluice.hfl import HFLEngine
+from sluice.hfl.config import HFLConfig
 
 WATCH_ALL = {
     "performance": {"accuracy": 0.9999},
@@ -46,6 +47,14 @@ class Timed:
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.iterate_s: list[float] = []
+
+    @property
+    def metrics(self) -> Any:
+        return self.inner.metrics
+
+    @property
+    def counts_bytes(self) -> bool:
+        return self.inner.counts_bytes
 
     def start(self) -> None:
         self.inner.start()
@@ -74,7 +83,7 @@ class Timed:
 
 def overhead(rounds: int) -> dict[str, Any]:
     """Control time per round = loop time − iterate() time − callback time, measured per round."""
-    cfg = load_config(None, [f"train.rounds={rounds}"])
+    cfg = load_config(None, [f"train.rounds={rounds}"], HFLConfig)
     eng = Timed(HFLEngine(cfg))
     eng.start()
     callback_s: list[float] = []
@@ -107,7 +116,7 @@ def overhead(rounds: int) -> dict[str, Any]:
 
 def ab(rounds: int, repeats: int) -> dict[str, Any]:
     """Wall time of a bare loop vs the training process on the same seeded run, alternating."""
-    cfg = load_config(None, [f"train.rounds={rounds}"])
+    cfg = load_config(None, [f"train.rounds={rounds}"], HFLConfig)
     bare, ctrl = [], []
     for _ in range(repeats):
         eng = HFLEngine(cfg)
@@ -127,7 +136,7 @@ def ab(rounds: int, repeats: int) -> dict[str, Any]:
 
 
 def eta_accuracy(target: float, rounds: int) -> dict[str, Any]:
-    cfg = load_config(None, [f"train.rounds={rounds}"])
+    cfg = load_config(None, [f"train.rounds={rounds}"], HFLConfig)
     est: dict[int, tuple[int | None, float | None, str]] = {}
     elapsed: dict[int, float] = {}
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from sluice.config import load_config
 from sluice.hfl import HFLEngine
+from sluice.hfl.config import HFLConfig
 from sluice.runs import History
 
 SCENARIOS = {
@@ -36,7 +37,7 @@ BASELINE = "dense FedAvg (fp32)"
 
 
 def run_one(overrides: list[str]) -> dict:
-    cfg = load_config(None, overrides)
+    cfg = load_config(None, overrides, HFLConfig)
     engine = HFLEngine(cfg)
     history = History()
     t0 = time.perf_counter()

@@ -39,10 +39,11 @@ import tomli_w
 import torch
 
 from sluice.transport.netns import NetnsPair, netns_available
-from sluice.transport.wire import encode_tensor
 from sluice.vfl import SplitConfig, run_inprocess
-from sluice.vfl.grouping import Stage, chain_bound, group_sizes, lower_bound
+from sluice.vfl.grouping import PipeStage as Stage
+from sluice.vfl.grouping import chain_bound, group_sizes, lower_bound
 from sluice.vfl.models import build_mlp, mlp_spec
+from sluice.wire.tensor import encode_tensor
 
 ROOT = Path(__file__).resolve().parents[1]
 BATCH = 1024
@@ -198,7 +199,7 @@ def netns_run(embedding: int, steps: int, rate: float) -> dict[str, Any]:
                 if fol.poll() is None:
                     fol.kill()
                     fol.wait(10)
-            recs = [json.loads(x) for x in (rdir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+            recs = [json.loads(x) for x in (rdir / "steps.jsonl").read_text().splitlines() if x.strip()]
             summ = json.loads((rdir / "summary.json").read_text())
             out[label] = analyse(recs, embedding, rate, 0.0)
             if label == "pipelined":

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -57,3 +59,80 @@ def test_bad_value_exits_2_with_a_message_and_no_traceback(tmp_path: Path) -> No
 def test_missing_config_file_is_a_clear_error(capsys) -> None:
     assert main(["run", "/nonexistent/sluice.toml"]) == 2
     assert "config file not found" in capsys.readouterr().err
+
+
+def test_budget_before_target_exits_3_with_an_honest_report(tmp_path: Path) -> None:
+    out = tmp_path / "be"
+    rc = main(["run", "--out", str(out), *FAST, "--set", "termination.iterations=5",
+               "--set", "termination.performance.accuracy=0.99", "--set", "model.version=7",
+               "--set", "model.id=\"digits-fl\""])
+    report = json.loads((out / "report.json").read_text())
+    assert rc == 3 and report["cause"] == "BUDGET_EXHAUSTED" and report["status"] == "FINISHED"
+    assert report["iterations"] == 5 and report["criterion"]["rule"] == "iterations"
+    assert report["termination"]["iterations"] == 5
+    assert report["model"]["version"] == "7" and report["model"]["id"] == "digits-fl"
+    status = json.loads((out / "status.json").read_text())
+    assert status["status"] == "FINISHED" and status["resultStateInfo"] == "BUDGET_EXHAUSTED"
+    assert status["iterations"] == 5 and status["metrics"]["test_accuracy"] == report["performance"]["test_accuracy"]
+    for key in ("progress_percent", "estimated_remaining_iterations", "estimated_remaining_s", "estimate_note",
+                "elapsed_s"):
+        assert key in status, key
+    assert status["estimate_note"]
+
+
+def test_status_is_rewritten_every_round(tmp_path: Path, monkeypatch) -> None:
+    from sluice.cli import common
+
+    out = tmp_path / "st"
+    seen: list[dict] = []
+    write = common.write_status
+
+    def spy(run, proc) -> None:
+        write(run, proc)
+        seen.append(json.loads((run.path / "status.json").read_text()))
+
+    monkeypatch.setattr(common, "write_status", spy)
+    assert main(["run", "--out", str(out), *FAST]) == 0
+    running = [s for s in seen if s["status"] == "RUNNING" and s["iterations"] > 0]
+    assert [s["iterations"] for s in running] == [1, 2, 3, 4]
+    assert running[-1]["progress_percent"] == 100.0 and running[1]["estimated_remaining_iterations"] == 2
+    assert all("test_accuracy" in s["metrics"] for s in running)
+
+
+def test_errors_before_training_leave_no_run_directory(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "x"
+    assert main(["run", "--out", str(out), *FAST, "--set", "termination.performance.auc=0.9"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown metric 'test_auc'" in err and "HFLEngine reports" in err and not out.exists()
+    assert main(["run", "--out", str(out), *FAST, "--set", "termination.iterations=true"]) == 2
+    assert "termination.iterations" in capsys.readouterr().err and not out.exists()
+
+
+def test_ctrl_c_ends_with_a_cancelled_report(tmp_path: Path) -> None:
+    out = tmp_path / "cc"
+    sluice = Path(sys.executable).with_name("sluice")
+    proc = subprocess.Popen([str(sluice), "run", "--set", "train.rounds=100000", "--set", "data.num_clients=6",
+                             "--set", "model.hidden=[16]", "--out", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        metrics = out / "metrics.jsonl"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if metrics.is_file() and len(metrics.read_text().splitlines()) >= 2:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        status = json.loads((out / "status.json").read_text())
+        assert status["status"] == "RUNNING" and status["iterations"] >= 1
+        assert "estimated_remaining_iterations" in status and status["progress_percent"] is not None
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 130
+    report = json.loads((out / "report.json").read_text())
+    assert report["cause"] == "CANCELLED" and report["status"] == "CANCELLED" and report["iterations"] >= 2
+    assert report["model_path"] == str(out / "model.pt") and (out / "model.pt").is_file()
+    assert json.loads((out / "status.json").read_text())["status"] == "CANCELLED"
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == report["iterations"]

@@ -9,16 +9,11 @@ from hypothesis import strategies as st
 
 from sluice.compress import (
     Compressor,
-    DensePayload,
-    SketchPayload,
-    SparsePayload,
     cast,
     chain,
     count_sketch,
-    decode,
     decode_to_dense,
     dense,
-    encode,
     make_uplink,
     randk,
     randk_indices,
@@ -29,8 +24,9 @@ from sluice.compress import (
     unsketch,
     zstd,
 )
-from sluice.config import CompressionConfig
 from sluice.errors import ConfigError, WireError
+from sluice.hfl.config import CompressionConfig
+from sluice.wire.vector import FLAG_ZSTD, DensePayload, SketchPayload, SparsePayload, decode, encode
 
 SETTINGS = settings(max_examples=80, deadline=None)
 
@@ -201,8 +197,8 @@ def test_randk_message_carries_no_indices() -> None:
     comp = make_uplink(CompressionConfig(up="randk", up_ratio=0.02, up_values="fp16"))
     buf, _ = comp.encode(x, comp.init(d), rng)
     k = 520
-    # header: magic, version, flags + varint d (3 bytes) + varint k (2) + seed (8); CRC trailer 4
-    assert len(buf) == 3 + 3 + 2 + 8 + 2 * k + 4
+    # header: magic, version, kind, flags + varint d (3 bytes) + varint k (2) + seed (8); CRC trailer 4
+    assert len(buf) == 4 + 3 + 2 + 8 + 2 * k + 4
     p = decode(buf)
     assert isinstance(p, SparsePayload) and p.indices is None and p.k == k and p.scale == d / k
     est = to_dense(p)
@@ -244,7 +240,7 @@ def test_make_uplink_round_trips(up: str, values: str, lossless: str) -> None:
         assert p.k == 300 and p.indices is None
     else:
         assert isinstance(p, SketchPayload) and p.table.shape == (3, 600)
-    assert (buf[2] & 0b1000 != 0) <= (lossless == "zstd")
+    assert (buf[3] & FLAG_ZSTD != 0) <= (lossless == "zstd")
 
 
 def test_report_sizes_for_the_engine() -> None:
@@ -252,10 +248,10 @@ def test_report_sizes_for_the_engine() -> None:
     rng = np.random.default_rng(8)
     d = 26_000
     randk_msg = encode(SparsePayload(d=d, values=np.zeros(520, np.float16), seed=1, scale=d / 520))
-    assert len(randk_msg) == 1060
+    assert len(randk_msg) == 1061
     idx = np.sort(rng.choice(d, 130, replace=False))
     sparse = encode(SparsePayload(d=d, values=np.zeros(130, np.float32), indices=idx))
-    assert (sparse[2] >> 4) & 3 == 1  # Golomb-Rice chosen
+    assert (sparse[3] >> 4) & 3 == 1  # Golomb-Rice chosen
     # 130 * 4 value bytes + ~ 130 * (log2(200) + 1.5) / 8 index bytes + header
     assert 520 + 130 * 8 / 8 < len(sparse) < 520 + 130 * 10 / 8 + 20
 

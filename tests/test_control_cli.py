@@ -11,7 +11,9 @@ from pathlib import Path
 import numpy as np
 
 from sluice.cli import main
+from sluice.control import Cause
 from sluice.control.inbox import save_arrays
+from sluice.control.report import EXIT_CODES
 
 LOCAL = ["--set", "model.hidden=[16]"]
 
@@ -39,7 +41,7 @@ def test_local_run_directory_and_report(tmp_path: Path, capsys) -> None:
 def test_local_requirement_not_met(tmp_path: Path) -> None:
     out = tmp_path / "nm"
     assert main(["local", "--out", str(out), *LOCAL, "--set", "train.iterations=2",
-                 "--set", "requirements.performance.accuracy=0.99"]) == 0
+                 "--set", "requirements.performance.accuracy=0.99"]) == EXIT_CODES[Cause.PERFORMANCE_NOT_MET] == 4
     report = json.loads((out / "report.json").read_text())
     assert report["cause"] == "PERFORMANCE_NOT_MET" and report["iterations"] == 2
     assert report["requirements_met"] is False
@@ -65,6 +67,34 @@ def test_data_add_resumes_an_awaiting_run(tmp_path: Path, digits_file: Path) -> 
     assert rc == [0]
     report = json.loads((out / "report.json").read_text())
     assert report["cause"] == "CRITERION_MET" and report["awaited_data"] == 1 and report["iterations"] == 3
+
+
+def test_local_budget_before_target_exits_non_zero(tmp_path: Path) -> None:
+    out = tmp_path / "be"
+    rc = main(["local", "--out", str(out), *LOCAL, "--set", "termination.iterations=2",
+               "--set", "termination.performance.accuracy=0.999"])
+    report = json.loads((out / "report.json").read_text())
+    assert rc == 3 and report["cause"] == "BUDGET_EXHAUSTED" and report["status"] == "FINISHED"
+    assert report["termination"]["iterations"] == 2
+    assert report["termination"]["performance"]["test_accuracy"]["threshold"] == 0.999
+    assert (out / "model.pt").is_file()
+
+
+def test_local_learning_rate_far_too_high_is_diverged(tmp_path: Path) -> None:
+    out = tmp_path / "div"
+    assert main(["local", "--out", str(out), *LOCAL, "--set", "train.lr=1e6", "--set", "train.iterations=20"]) == 8
+    report = json.loads((out / "report.json").read_text())
+    assert report["cause"] == "DIVERGED" and report["model_path"] is None
+    assert json.loads((out / "status.json").read_text())["status"] == "FAILED"
+
+
+def test_local_refuses_what_it_cannot_measure(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "nb"
+    assert main(["local", "--out", str(out), *LOCAL, "--set", "termination.resources.network_bytes=1e6"]) == 2
+    assert "sends nothing over a network" in capsys.readouterr().err and not out.exists()
+    assert main(["local", "--out", str(out), *LOCAL, "--set", "termination.performance.auc=0.9"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown metric 'test_auc'" in err and "LocalTrainer reports" in err and not out.exists()
 
 
 def test_data_add_errors(tmp_path: Path, capsys, digits_file: Path) -> None:

@@ -9,11 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluice.control import Cause, ModelIdentity, ReplayEngine, TrainingProcess, register_metric, train
+from sluice.control import Cause, ModelIdentity, ReplayEngine, TrainingProcess, train
+from sluice.metrics import MetricSpec
 
 
 def _run(stream, termination, **kw):
-    eng = ReplayEngine(stream, seconds_per_iteration=kw.pop("spi", 1.0))
+    eng = ReplayEngine(stream, seconds_per_iteration=kw.pop("spi", 1.0), metrics=kw.pop("metrics", ()))
     rep = train(eng, termination, clock=eng.clock, **kw)
     return eng, rep
 
@@ -74,11 +75,15 @@ def test_several_targets_any_of() -> None:
     _assert_stopped_at(eng, rep, 2, "performance.test_f1")
 
 
-def test_registered_engine_metric() -> None:
-    register_metric("mean_reward", "max", None, None)
+def test_metric_declared_by_the_engine() -> None:
+    """A metric Sluice does not know is a target once the engine declares it, with its direction."""
     stream = [{"mean_reward": v} for v in (-3.0, -1.0, 2.0, 5.0)]
-    eng, rep = _run(stream, {"performance": {"mean_reward": 1.5}})
+    reward = MetricSpec("mean_reward", True)
+    eng, rep = _run(stream, {"performance": {"mean_reward": 1.5}}, metrics=[reward])
     _assert_stopped_at(eng, rep, 3, "performance.mean_reward")
+    # the same name declared as a metric to minimise: the target holds at the first value ≤ 1.5
+    eng, rep = _run(stream, {"performance": {"mean_reward": 1.5}}, metrics=[MetricSpec("mean_reward", False)])
+    _assert_stopped_at(eng, rep, 1, "performance.mean_reward")
 
 
 def test_min_delta_is_a_margin() -> None:
@@ -283,10 +288,12 @@ def test_successive_updates_accumulate_and_empty_update_is_refused() -> None:
     def on_event(ev, proc: TrainingProcess) -> None:
         if proc.n == 1:
             proc.update({"performance": {"accuracy": 0.85}})
-            proc.update(requirements={"performance": {"f1": 0.1}, "stop_when_met": False})
+            proc.update(requirements={"performance": {"accuracy": 0.99}, "stop_when_met": False})
+            with pytest.raises(Exception, match="unknown metric 'test_f1'"):
+                proc.update(requirements={"performance": {"f1": 0.1}})
             with pytest.raises(Exception, match="no termination criterion"):
                 proc.update({"iterations": None, "performance": None})
 
     rep = train(eng, {"iterations": 6}, on_event=on_event, clock=eng.clock)
     _assert_stopped_at(eng, rep, 5, "performance.test_accuracy")
-    assert rep.requirements_met is False  # the requirement update took effect too (no f1 reported)
+    assert rep.requirements_met is False  # the requirement update took effect too

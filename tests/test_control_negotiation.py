@@ -13,11 +13,13 @@ from sluice.control import (
     ModelIdentity,
     Producer,
     ProducerPolicy,
+    ReplayEngine,
     Requirements,
     RunHistory,
     Termination,
     TrainingRequest,
     negotiate,
+    train,
     train_many,
 )
 from sluice.control.producer import RunRecord
@@ -173,3 +175,51 @@ def test_one_consumer_many_producers(digits, parallel: bool) -> None:
     assert not np.array_equal(producers[0].engines[MODEL.id].params, producers[1].engines[MODEL.id].params)
     with pytest.raises(Exception, match="distinct"):
         train_many([producers[0], producers[0]], req)
+
+
+# --------------------------------------------------------------------------------- one preflight
+class _Counted(ReplayEngine):
+    """A replayed stream that says how many samples it holds but can neither limit nor wait for them."""
+
+    num_samples = 50
+
+
+def test_preflight_waits_for_data_when_the_process_can_take_it(digits) -> None:
+    X, y = digits.X_train, digits.y_train
+    eng = LocalTrainer(X[:60], y[:60], digits.X_test, digits.y_test, num_classes=10, hidden=(16,))
+    req = Requirements(min_data_amount=100)
+    asked: list[str] = []
+
+    def more(report):
+        asked.append(report.cause)
+        return {"X": X[60:160], "y": y[60:160]}
+
+    rep = train(eng, {"iterations": 2}, req, data_provider=more)
+    assert rep.cause == Cause.CRITERION_MET and rep.awaited_data == 1 and rep.iterations == 2
+    assert asked == [Cause.INADEQUATE_TRAINING_DATA] and eng.num_samples == 160
+    # a process that cannot take data is refused before training, as is an engine that cannot wait
+    eng = LocalTrainer(X[:60], y[:60], digits.X_test, digits.y_test, num_classes=10, hidden=(16,))
+    assert train(eng, {"iterations": 2}, req).cause == Cause.INSUFFICIENT_TRAINING_SAMPLES
+    rep = train(_Counted([{"test_accuracy": 0.5}] * 3), {"iterations": 2, "data_wait_s": 5}, req)
+    assert rep.cause == Cause.INSUFFICIENT_TRAINING_SAMPLES and "50 training samples" in rep.detail
+    # the producer judges with the same preflight: accepted, the engine waits for 100 samples
+    p = Producer("p", _factory(digits, n_train=60))
+    v = p.assess(MODEL, req, Termination(iterations=2, data_wait_s=5))
+    assert v.feasible and v.awaits_samples == 100 and p.engines[MODEL.id].min_samples == 100
+    v = Producer("q", _factory(digits, n_train=60)).assess(MODEL, req, Termination(iterations=2))
+    assert not v.feasible and v.cause == Cause.INSUFFICIENT_TRAINING_SAMPLES
+
+
+def test_preflight_refuses_data_amounts_an_engine_cannot_apply() -> None:
+    stream = [{"test_accuracy": 0.5}] * 3
+    with pytest.raises(NegotiationError, match="cannot limit its training samples"):
+        train(_Counted(stream), {"iterations": 2}, {"max_data_amount": 20})
+    with pytest.raises(NegotiationError, match="cannot say how many training samples"):
+        train(ReplayEngine(stream), {"iterations": 2}, {"data_amount": 20})
+    with pytest.raises(NegotiationError, match="cannot say how many layers"):
+        train(ReplayEngine(stream), {"iterations": 2}, {"layers": 1})
+    assert train(_Counted(stream), {"iterations": 2}, {"max_data_amount": 50}).iterations == 2  # nothing to cut
+    p = Producer("p", lambda model, req: _Counted(stream))
+    resp = p.request(TrainingRequest(model=MODEL, requirements=Requirements(data_amount=20),
+                                     termination=Termination(iterations=2)))
+    assert not resp.accepted and "cannot limit" in resp.reason and len(p.processes) == 0

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sluice.config import Section, load_config
+from sluice.config import load_config
 from sluice.control import (
     MDA_TYPE,
     ModelIdentity,
@@ -20,6 +20,7 @@ from sluice.control import (
     parse_termination,
 )
 from sluice.errors import ConfigError
+from sluice.schema import Section
 
 
 @pytest.mark.parametrize(
@@ -29,8 +30,7 @@ from sluice.errors import ConfigError
         ({"iterations": 0}, "iterations"),
         ({"training_time_s": -1}, "training_time_s"),
         ({"training_error": -0.1}, "training_error threshold must be ≥ 0"),
-        ({"performance": {"acuracy": 0.9}}, "unknown metric 'acuracy'"),
-        ({"performance": {"accuracy": 1.5}}, "must be in [0.0, 1.0]"),
+        ({"performance": {"test accuracy": 0.9}}, "metric names are letters, digits and '_'"),
         ({"performance": {"accuracy": 0.9, "test_accuracy": 0.8}}, "given twice"),
         ({"performance": {"accuracy": {"threshold": 0.9, "patience": 0}}}, "patience"),
         ({"performance": {"accuracy": {"threshold": 0.9, "min_delta": -1}}}, "min_delta"),
@@ -40,8 +40,15 @@ from sluice.errors import ConfigError
         ({"resources": {"cpu_percent": 120}}, "cpu_percent threshold must be in (0, 100]"),
         ({"resources": {"network_bytes": -5}}, "network_bytes threshold must be > 0"),
         ({"resources": {"gpu": 5}}, "unknown key"),
-        ({"plateau": {"nonsense": {}}}, "unknown metric"),
-        ({"error_metric": "test_accuracy", "training_error": 0.1}, "must be a metric to minimise"),
+        ({"plateau": {"no-such": {}}}, "metric names are letters"),
+        ({"iterations": True}, "iterations"),
+        ({"iterations": 2.5}, "iterations"),
+        ({"performance": {"accuracy": True}}, "a criterion is a threshold number or a table, not true"),
+        ({"performance": {"accuracy": {"threshold": 0.9, "patience": True}}}, "patience"),
+        ({"resources": {"network_bytes": {"threshold": 1e6, "warmup": False}}}, "warmup"),
+        ({"training_time_s": True}, "training_time_s"),
+        ({"divergence_factor": 1.0}, "divergence_factor: Value error, must be a finite number > 1, or 0"),
+        ({"divergence_factor": -3}, "divergence_factor"),
         ({"all_of": [{}]}, "needs at least one criterion"),
         ({"all_of": [{"performance": {}}]}, "needs at least one criterion"),
         ({"divergence": {"train_loss": float("inf")}}, "finite"),
@@ -64,8 +71,10 @@ def test_invalid_termination(data: dict, needle: str) -> None:
         ({"layers": 0}, "layers"),
         ({"max_training_time_s": 0}, "max_training_time_s"),
         ({"data_amount": -1}, "data_amount"),
-        ({"performance": {"f2": 0.5}}, "unknown metric 'f2'"),
-        ({"performance": {"test_loss": -1.0}}, "must be in [0.0, inf]"),
+        ({"performance": {"f-2": 0.5}}, "metric names are letters"),
+        ({"performance": {"accuracy": float("nan")}}, "finite"),
+        ({"layers": True}, "layers"),
+        ({"performance": {"accuracy": True}}, "performance"),
     ],
 )
 def test_invalid_requirements(data: dict, needle: str) -> None:
@@ -74,12 +83,77 @@ def test_invalid_requirements(data: dict, needle: str) -> None:
     assert needle in str(exc.value)
 
 
+def test_any_metric_name_parses_and_aliases_become_canonical() -> None:
+    t = parse_termination({"performance": {"auc": 0.8, "mean_reward": 3.0}, "plateau": {"bleu": {}}})
+    assert set(t.performance) == {"test_auc", "mean_reward"} and set(t.plateau) == {"bleu"}
+    assert parse_requirements({"performance": {"test_auc": 0.7}}).performance == {"test_auc": 0.7}
+
+
+_STREAM = [{"test_accuracy": 0.5, "test_loss": 1.0, "train_loss": 1.0}]
+
+
+@pytest.mark.parametrize(
+    ("termination", "requirements", "needle"),
+    [
+        ({"performance": {"acuracy": 0.9}}, None, "termination.performance: unknown metric 'acuracy'"),
+        ({"performance": {"accuracy": 1.5}}, None, "must be in [0.0, 1.0]"),
+        ({"plateau": {"nonsense": {}}}, None, "termination.plateau: unknown metric 'nonsense'"),
+        ({"error_metric": "test_accuracy", "training_error": 0.1}, None, "must be a metric to minimise"),
+        ({"training_error": 0.1, "error_metric": "energy_error"}, None, "unknown metric 'energy_error'"),
+        ({"all_of": [{"iterations": 3, "performance": {"f1": 0.5}}]}, None,
+         "termination.all_of[0].performance: unknown metric 'test_f1'"),
+        ({"iterations": 3, "divergence": {"test_mse": 5.0}}, None, "termination.divergence: unknown metric"),
+        ({"iterations": 3}, {"performance": {"f2": 0.5}}, "requirements.performance: unknown metric 'f2'"),
+        ({"iterations": 3}, {"performance": {"test_loss": -1.0}}, "must be in [0.0, inf]"),
+    ],
+)
+def test_criteria_are_checked_against_the_engine(termination, requirements, needle) -> None:
+    with pytest.raises(ConfigError) as exc:
+        TrainingProcess(ReplayEngine(_STREAM), termination, requirements)
+    assert needle in str(exc.value)
+    assert "ReplayEngine reports test_accuracy, test_loss, train_loss" in str(exc.value) or "must" in needle
+
+
+def test_training_error_default_metric_must_be_reported() -> None:
+    """For coverage problem analysis the training error is the coverage error: the engine must report it."""
+    model = ModelIdentity(type="coverage_problem_analysis")
+    with pytest.raises(ConfigError, match="termination.training_error: unknown metric 'coverage_error'"):
+        TrainingProcess(ReplayEngine(_STREAM), {"training_error": 0.1}, model=model)
+
+
+def test_network_bytes_refused_when_the_engine_counts_none() -> None:
+    term = {"resources": {"network_bytes": 1e6}}
+    TrainingProcess(ReplayEngine(_STREAM), term)
+    with pytest.raises(ConfigError, match="network_bytes: ReplayEngine sends nothing over a network"):
+        TrainingProcess(ReplayEngine(_STREAM, counts_bytes=False), term)
+    with pytest.raises(ConfigError, match=r"all_of\[0\].resources.network_bytes"):
+        TrainingProcess(ReplayEngine(_STREAM, counts_bytes=False),
+                        {"all_of": [{"iterations": 2, "resources": {"network_bytes": 5.0}}]})
+
+
+def test_updates_are_checked_against_the_engine() -> None:
+    proc = TrainingProcess(ReplayEngine(_STREAM * 3), {"iterations": 3})
+    with pytest.raises(ConfigError, match="unknown metric 'test_f1'"):
+        proc.update({"performance": {"f1": 0.9}})
+    with pytest.raises(ConfigError, match="must be in"):
+        proc.update(requirements={"performance": {"accuracy": 2.0}})
+    proc.update({"performance": {"accuracy": 0.4}})
+    assert proc.run().fired == "performance.test_accuracy"
+
+
+def test_model_version_and_id_may_be_integers() -> None:
+    m = parse_model({"id": 42, "version": 7})
+    assert (m.id, m.version) == ("42", "7")
+    with pytest.raises(ConfigError, match="version"):
+        parse_model({"version": True})
+
+
 def test_empty_termination_is_refused_when_training() -> None:
     assert not parse_termination({}).has_criteria()
     with pytest.raises(ConfigError, match="no termination criterion"):
         TrainingProcess(ReplayEngine([{"x": 1.0}]), {})
     # requirements alone can define when to stop
-    TrainingProcess(ReplayEngine([{"x": 1.0}]), {}, {"performance": {"accuracy": 0.9}})
+    TrainingProcess(ReplayEngine([{"test_accuracy": 1.0}]), {}, {"performance": {"accuracy": 0.9}})
 
 
 def test_bare_number_and_aliases() -> None:
@@ -139,4 +213,6 @@ def test_toml_sections_and_set_overrides(tmp_path: Path) -> None:
     assert cfg.termination.all_of[0].resources.network_bytes.threshold == 1e6
     assert cfg.requirements.layers == 2
     with pytest.raises(ConfigError, match="termination.performance"):
-        load_config(p, ["termination.performance.acc=0.9"], model=_Cfg)
+        load_config(p, ["termination.performance.acc=true"], model=_Cfg)
+    with pytest.raises(ConfigError, match="termination.iterations"):
+        load_config(p, ["termination.iterations=true"], model=_Cfg)

@@ -17,11 +17,13 @@ from sluice.control import (
     ReplayEngine,
     TrainingProcess,
     TrainingReport,
+    threegpp,
     train,
 )
 from sluice.control import inbox as inbox_mod
+from sluice.control.report import EXIT_CODES
 from sluice.engine import IterationEvent
-from sluice.errors import ConfigError, NegotiationError
+from sluice.errors import ConfigError, DataError, NegotiationError
 from sluice.local import LocalTrainer
 
 
@@ -50,7 +52,7 @@ def test_cause_criterion_met_with_model_and_report(digits, tmp_path: Path) -> No
     assert rep.model_path == str(tmp_path / "m.pt") and Path(rep.model_path).is_file()
     assert rep.progress_percent == 100.0 and rep.estimated_remaining_iterations == 0
     assert rep.duration_s > 0
-    doc = rep.to_3gpp()
+    doc = threegpp.training_report(rep)
     assert doc["progressStatus"]["resultStateInfo"] == "CRITERION_MET"
     assert doc["mLModel"]["mLModelId"] == "digits-mlp"
     assert {p["performanceMetric"] for p in doc["modelPerformanceValidation"]} >= {"test_accuracy"}
@@ -300,11 +302,18 @@ def test_process_runs_once_and_checks_the_engine() -> None:
 
 
 def test_metrics_validated_against_engine(digits) -> None:
-    from sluice.control import register_metric
-
-    register_metric("bleu", "max", 0, 1)
-    with pytest.raises(ConfigError, match="does not report"):
-        train(_local(digits), {"iterations": 2, "performance": {"bleu": 0.3}})
+    """A target the engine cannot report is refused before training, naming what it reports."""
+    eng = _local(digits)
+    with pytest.raises(ConfigError) as exc:
+        TrainingProcess(eng, {"iterations": 2, "performance": {"auc": 0.9}})
+    msg = str(exc.value)
+    assert "unknown metric 'test_auc'" in msg and "LocalTrainer reports" in msg and "test_f1" in msg
+    assert eng.model is None or eng.iteration == 0
+    with pytest.raises(ConfigError, match="LocalTrainer sends nothing over a network"):
+        TrainingProcess(eng, {"resources": {"network_bytes": 1e6}})
+    # an engine that declares test_auc may be trained to it
+    rep = train(ReplayEngine([{"test_auc": a} for a in (0.6, 0.8, 0.95)]), {"performance": {"auc": 0.9}})
+    assert rep.fired == "performance.test_auc" and rep.iterations == 3
 
 
 def test_resource_sampler_measures_this_process() -> None:
@@ -319,3 +328,197 @@ def test_resource_sampler_measures_this_process() -> None:
     assert 0 <= r["cpu_percent"] <= 100
     cached = ResourceSampler(min_interval_s=60.0)
     assert cached.sample() is cached.sample()
+
+
+# --------------------------------------------------------------------------------------- honest causes
+def _rising(n: int = 40) -> list[dict[str, float]]:
+    return [{"test_accuracy": 0.95 - 0.5 * k**-0.5, "train_loss": 0.5 * k**-0.5} for k in range(1, n + 1)]
+
+
+@pytest.mark.parametrize(
+    ("termination", "rule"),
+    [
+        ({"iterations": 5, "performance": {"accuracy": 0.99}}, "iterations"),
+        ({"training_time_s": 3.0, "performance": {"accuracy": 0.99}}, "training_time_s"),
+        ({"iterations": 5, "training_error": 0.01}, "iterations"),
+        ({"plateau": {"test_accuracy": {"min_delta": 0.05, "patience": 2}}, "performance": {"accuracy": 0.99}},
+         "plateau.test_accuracy"),
+        ({"iterations": 4, "all_of": [{"iterations": 2, "performance": {"f1": 0.9}}]}, "iterations"),
+    ],
+)
+def test_budget_before_target_is_budget_exhausted(termination, rule, tmp_path: Path) -> None:
+    stream = [{**m, "test_f1": m["test_accuracy"]} for m in _rising()]
+    eng = ReplayEngine(stream)
+    rep = train(eng, termination, clock=eng.clock, save_path=tmp_path / "m.pt")
+    assert rep.fired == rule
+    assert rep.cause == Cause.BUDGET_EXHAUSTED and rep.status == ProcessState.FINISHED
+    assert not rep.ok and rep.exit_code == EXIT_CODES[Cause.BUDGET_EXHAUSTED] != 0
+    assert rep.model_path == str(tmp_path / "m.pt") and eng.saved == [rep.model_path]
+    assert "before the result was reached" in rep.detail
+
+
+def test_budget_is_the_request_without_a_target() -> None:
+    for term in ({"iterations": 5}, {"plateau": {"test_accuracy": {"min_delta": 0.05, "patience": 2}}},
+                 {"training_time_s": 3.0}):
+        eng = ReplayEngine(_rising())
+        rep = train(eng, term, clock=eng.clock)
+        assert rep.cause == Cause.CRITERION_MET and rep.ok and rep.exit_code == 0, term
+
+
+def test_budget_exhausted_report_estimates_the_rest() -> None:
+    eng = ReplayEngine(_rising(60), seconds_per_iteration=0.5)
+    rep = train(eng, {"iterations": 20, "performance": {"accuracy": 0.9}}, clock=eng.clock)
+    assert rep.cause == Cause.BUDGET_EXHAUSTED
+    # 0.95 - 0.5/sqrt(n) >= 0.9  <=>  n >= 100
+    assert rep.estimated_remaining_iterations == pytest.approx(80, rel=0.05)
+    assert "test_accuracy is 0.838" in rep.detail and "target 0.9" in rep.detail
+
+
+def test_report_carries_the_parameters_in_force() -> None:
+    eng = ReplayEngine(_rising())
+
+    def on_event(ev, proc):
+        if proc.n == 1:
+            proc.update({"iterations": 3})
+
+    rep = train(eng, {"iterations": 5, "performance": {"accuracy": 0.99}}, {"max_training_time_s": 100},
+                on_event=on_event, clock=eng.clock)
+    assert rep.termination is not None and rep.termination.iterations == 3
+    assert rep.termination.performance["test_accuracy"].threshold == 0.99
+    assert rep.requirements is not None and rep.requirements.max_training_time_s == 100
+    rows = dict(rep.rows())
+    assert rows["termination"] == "iterations=3; performance.test_accuracy=0.99"
+    assert rows["requirements"] == "max_training_time_s=100"
+    back = TrainingReport.model_validate(json.loads(json.dumps(rep.to_json())))
+    assert back.termination == rep.termination and back.requirements == rep.requirements
+
+
+def test_loss_blown_up_past_its_initial_value_is_divergence() -> None:
+    stream = [{"test_loss": v, "test_accuracy": 0.1} for v in (1.5, 12.0, 30.0, 40.0)]
+    rep = train(ReplayEngine(stream, initial={"test_loss": 2.3}), {"iterations": 4})
+    assert rep.cause == Cause.DIVERGED and rep.iterations == 3 and "initial value 2.3" in rep.detail
+    rep = train(ReplayEngine(stream, initial={"test_loss": 2.3}), {"iterations": 4, "divergence_factor": 20})
+    assert rep.iterations == 4 and rep.cause == Cause.CRITERION_MET
+    rep = train(ReplayEngine(stream, initial={"test_loss": 2.3}), {"iterations": 4, "divergence_factor": 0})
+    assert rep.cause == Cause.CRITERION_MET
+    # without the untrained model's value there is no reference: the first reported value is none
+    assert train(ReplayEngine(stream), {"iterations": 4}).cause == Cause.CRITERION_MET
+
+
+def test_learning_rate_far_too_high_diverges(digits, tmp_path: Path) -> None:
+    """lr=1e6: the losses stay finite but explode; the run must not read as a success."""
+    rep = train(_local(digits, lr=1e6), {"iterations": 5}, save_path=tmp_path / "m.pt")
+    assert rep.cause == Cause.DIVERGED and rep.iterations == 1 and not rep.ok
+    assert "test_loss" in rep.detail and rep.model_path is None
+
+
+# --------------------------------------------------------------------------------------- engine failures
+class _Breaks(ReplayEngine):
+    def __init__(self, at: int, **kw) -> None:
+        super().__init__(_acc([0.1] * 10), **kw)
+        self.at = at
+
+    def iterate(self) -> IterationEvent:
+        if self.calls + 1 == self.at:
+            raise RuntimeError("GPU fell off the bus")
+        return super().iterate()
+
+
+def test_engine_failure_during_training_has_a_cause(tmp_path: Path) -> None:
+    eng = _Breaks(at=3)
+    states: list[ProcessState] = []
+    rep = train(eng, {"iterations": 8}, save_path=tmp_path / "m.pt", on_state=lambda s, p, r: states.append(s))
+    assert rep.cause == Cause.ENGINE_FAILURE and rep.status == ProcessState.FAILED
+    assert rep.exit_code == EXIT_CODES[Cause.ENGINE_FAILURE] != 0
+    assert "RuntimeError: GPU fell off the bus" in rep.detail and "iteration 3" in rep.detail
+    assert rep.iterations == 2 and eng.saved == [str(tmp_path / "m.pt")] == [rep.model_path]
+    assert eng.stopped and states[-1] == ProcessState.FAILED
+    # failing at the first iteration: nothing to save
+    eng = _Breaks(at=1)
+    rep = train(eng, {"iterations": 8}, save_path=tmp_path / "m.pt")
+    assert rep.cause == Cause.ENGINE_FAILURE and rep.model_path is None and eng.saved == []
+
+
+def test_engine_error_before_training_is_raised() -> None:
+    class NoStart(ReplayEngine):
+        def start(self) -> None:
+            raise DataError("dataset missing")
+
+    with pytest.raises(DataError, match="dataset missing"):
+        train(NoStart(_acc([0.1])), {"iterations": 1})
+
+
+# --------------------------------------------------------------------------------------- refused data
+def test_refused_data_is_recorded_and_the_process_keeps_waiting() -> None:
+    class Picky(ReplayEngine):
+        def __init__(self) -> None:
+            super().__init__([{"anomaly": "INADEQUATE_TRAINING_DATA"}, *_acc([0.5, 0.6])])
+
+        def check_data(self, data) -> None:
+            if data == "bad":
+                raise DataError("labels are NaN")
+
+    eng = Picky()
+    proc = TrainingProcess(eng, {"iterations": 2, "data_wait_s": 20})
+
+    def feeder():
+        while proc.state != ProcessState.AWAITING_DATA:
+            time.sleep(0.01)
+        proc.add_data("bad")
+        while not proc.data_refused:
+            time.sleep(0.01)
+        assert proc.state == ProcessState.AWAITING_DATA
+        assert proc.progress_status()["data_refused"] == ["add_data: labels are NaN"]
+        proc.add_data("good")
+
+    t = threading.Thread(target=feeder)
+    t.start()
+    rep = proc.run()
+    t.join()
+    assert rep.cause == Cause.CRITERION_MET and eng.data == ["good"] and rep.awaited_data == 1
+    assert rep.data_refused == ["add_data: labels are NaN"]
+
+
+def test_bad_inbox_files_are_rejected_with_a_reason(digits, tmp_path: Path) -> None:
+    X, y = digits.X_train, digits.y_train
+    wrong = tmp_path / "wrong.npz"
+    np.savez(wrong, X=np.zeros((10, 5)), y=np.zeros(10))
+    good = tmp_path / "good.npz"
+    np.savez(good, X=X[50:300], y=y[50:300])
+    eng = LocalTrainer(X[:50], y[:50], digits.X_test, digits.y_test, num_classes=10, hidden=(16,),
+                       min_samples=200)
+    box = inbox_mod.inbox_of(tmp_path)
+
+    def on_state(state, proc, report):
+        if state == ProcessState.AWAITING_DATA:
+            inbox_mod.put(tmp_path, wrong)
+            (box / "00000000000000000001-1.npz").write_bytes(b"not a zip file")  # corrupted after queueing
+            inbox_mod.put(tmp_path, good)
+
+    rep = train(eng, {"iterations": 2, "data_wait_s": 20}, inbox=box, on_state=on_state)
+    assert rep.cause == Cause.CRITERION_MET and eng.num_samples == 300
+    rejected = sorted((box / "rejected").glob("*.npz"))
+    assert len(rejected) == 2 and len(list((box / "consumed").glob("*.npz"))) == 1
+    reasons = [Path(f"{f}.reason.txt").read_text() for f in rejected]
+    assert any("not a readable .npz" in r for r in reasons) and any("5 features" in r for r in reasons)
+    assert len(rep.data_refused) == 2
+
+
+# --------------------------------------------------------------------------------------- live status
+def test_progress_status_is_live() -> None:
+    seen: list[dict] = []
+    eng = ReplayEngine(_rising(30), seconds_per_iteration=0.5)
+    rep = train(eng, {"iterations": 30, "performance": {"accuracy": 0.9}}, clock=eng.clock,
+                on_event=lambda ev, p: seen.append(p.progress_status()))
+    assert [s["iterations"] for s in seen] == list(range(1, 31))
+    last = seen[-1]
+    assert last["status"] == "RUNNING" and last["progressStateInfo"] == "TRAINING"
+    assert last["elapsed_s"] == pytest.approx(15.0)
+    assert last["metrics"]["test_accuracy"] == pytest.approx(0.95 - 0.5 / 30**0.5)
+    assert last["estimated_remaining_iterations"] == pytest.approx(70, rel=0.1)
+    assert last["estimated_remaining_s"] == pytest.approx(35, rel=0.1)
+    assert 0 < last["progress_percent"] < 100 and last["progressPercentage"] == int(last["progress_percent"])
+    assert "expected at iteration" in last["estimate_note"]
+    assert seen[0]["estimated_remaining_iterations"] is None and seen[0]["estimate_note"]
+    json.dumps(last, allow_nan=False)
+    assert rep.cause == Cause.BUDGET_EXHAUSTED

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sluice.config import DataConfig
 from sluice.data import (
     Dataset,
     FederatedData,
@@ -15,6 +14,7 @@ from sluice.data import (
     partition,
     synthetic,
 )
+from sluice.data.config import DataConfig
 from sluice.errors import DataError
 
 

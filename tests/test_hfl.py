@@ -5,18 +5,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sluice.compress.wire import decode, payload_kind
 from sluice.config import load_config
 from sluice.hfl import HFLEngine
+from sluice.hfl.config import HFLConfig
 from sluice.hfl.downlink import Downlink, apply_message
 from sluice.hfl.server import aggregate, init_server, server_step
+from sluice.wire.vector import decode, payload_kind
 
 
 def _small(**over: object):
     sets = [f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in over.items()]
     sets = [s.replace("'", '"') for s in sets]
     base = ["train.rounds=6", "data.num_clients=8", "model.hidden=[16]", "train.local_epochs=1"]
-    return load_config(None, base + sets)
+    return load_config(None, base + sets, HFLConfig)
 
 
 @pytest.mark.parametrize("rho", [0.0, 0.9])
@@ -77,14 +78,14 @@ def test_dense_ratio_is_fedavg() -> None:
 
 @pytest.mark.parametrize("mode", ["per-client", "anchor", "initial", "dense"])
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
-def test_stale_terminal_reconstructs_bit_exactly(mode: str, dtype: type) -> None:
-    """A terminal that skipped s rounds rebuilds the server model bit for bit from one message."""
+def test_stale_client_reconstructs_bit_exactly(mode: str, dtype: type) -> None:
+    """A client that skipped s rounds rebuilds the server model bit for bit from one message."""
     rng = np.random.default_rng(2)
     d = 2000
     state = init_server(rng.normal(size=d).astype(np.float32))
     theta0 = state.params.copy()
-    reference = theta0  # what terminals patch in the initial and anchor modes
-    down = Downlink(d, mode, anchor_every=4, num_terminals=3)
+    reference = theta0  # what clients patch in the initial and anchor modes
+    down = Downlink(d, mode, anchor_every=4, num_clients=3)
     kinds = set()
     held = {t: theta0.copy() for t in range(3)}
     schedule = {1: [0, 1, 2], 2: [0], 3: [0], 5: [1], 9: [0, 2], 10: [1], 17: [2], 18: [0, 1, 2]}
@@ -94,7 +95,7 @@ def test_stale_terminal_reconstructs_bit_exactly(mode: str, dtype: type) -> None
             msg = down.message(t, state.params)
             base = reference if mode in ("initial", "anchor") else held[t]
             held[t] = apply_message(base, msg)
-            assert np.array_equal(held[t], state.params), f"terminal {t} at round {rnd}"
+            assert np.array_equal(held[t], state.params), f"client {t} at round {rnd}"
             assert held[t].tobytes() == state.params.tobytes()
             sizes.append(len(msg))
             kinds.add(payload_kind(decode(msg)))
@@ -102,7 +103,7 @@ def test_stale_terminal_reconstructs_bit_exactly(mode: str, dtype: type) -> None
         down.record(idx, step)
         broadcast = down.anchor_broadcast(state.params)
         assert (broadcast is not None) == (mode == "anchor" and rnd % 4 == 0)
-        if broadcast is not None:  # every terminal patches its copy of the previous anchor
+        if broadcast is not None:  # every client patches its copy of the previous anchor
             reference = apply_message(reference, broadcast)
             assert reference.tobytes() == state.params.tobytes()
             sizes.append(len(broadcast))
@@ -115,11 +116,11 @@ def test_stale_terminal_reconstructs_bit_exactly(mode: str, dtype: type) -> None
         assert kinds == {"dense"}
 
 
-def test_downlink_log_is_pruned_once_every_terminal_synced() -> None:
+def test_downlink_log_is_pruned_once_every_client_synced() -> None:
     d = 1000
     rng = np.random.default_rng(4)
     state = init_server(np.zeros(d, dtype=np.float32))
-    down = Downlink(d, "per-client", num_terminals=2)
+    down = Downlink(d, "per-client", num_clients=2)
     for _ in range(5):
         state, idx, step = server_step(state, rng.normal(size=d), ratio=0.01, value_dtype=np.float16)
         down.record(idx, step)
@@ -162,18 +163,27 @@ def test_engine_runs_counts_bytes_and_is_deterministic() -> None:
     assert [e.iteration for e in a] == list(range(1, 7))
 
 
-def test_terminals_hold_the_server_model_after_their_downlink() -> None:
+def test_clients_hold_the_server_model_after_their_downlink() -> None:
     eng = HFLEngine(_small(**{"compression.downlink": "per-client", "train.rounds": 8}))
+    eng.start()
+    served: list[int] = []
+    message = eng.server.message
+
+    def recorded(client_id: int) -> bytes:
+        served.append(client_id)
+        return message(client_id)
+
+    eng.server.message = recorded
     for _ in range(8):
         before = eng.params.copy()
-        seen_before = dict(eng.terminal_models)
+        served.clear()
         eng.iterate()
-        updated = [t for t, m in eng.terminal_models.items() if t not in seen_before or m is not seen_before[t]]
-        for t in updated:
-            assert np.array_equal(eng.terminal_models[t], before)
+        assert served
+        for c in served:
+            assert eng.clients[c].params.tobytes() == before.tobytes()
 
 
-def test_dropout_skips_failed_terminals_and_round_completes() -> None:
+def test_dropout_skips_failed_clients_and_round_completes() -> None:
     eng = HFLEngine(_small(**{"train.dropout": 0.6, "train.rounds": 10}))
     events = [eng.iterate() for _ in range(10)]
     dropped = sum(e.metrics["dropped"] for e in events)
@@ -190,7 +200,7 @@ def test_dense_baseline_is_much_bigger_than_compressed() -> None:
     assert db > 10 * cb
 
 
-def test_add_data_grows_a_terminal() -> None:
+def test_add_data_grows_a_client() -> None:
     eng = HFLEngine(_small())
     eng.start()
     n0 = len(eng.data.clients[0][1])
@@ -203,11 +213,11 @@ def test_bad_config_names_field_and_allowed_values() -> None:
     from sluice.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"compression\.downlink: must be one of .*per-client"):
-        load_config(None, ["compression.downlink=sideways"])
+        load_config(None, ["compression.downlink=sideways"], HFLConfig)
     with pytest.raises(ConfigError, match=r"train\.participation"):
-        load_config(None, ["train.participation=0"])
+        load_config(None, ["train.participation=0"], HFLConfig)
     with pytest.raises(ConfigError, match=r"data\.colour: unknown key"):
-        load_config(None, ["data.colour=1"])
+        load_config(None, ["data.colour=1"], HFLConfig)
 
 
 @pytest.mark.parametrize("up", ["randk", "topk", "sketch", "dense"])
@@ -221,12 +231,15 @@ def test_every_uplink_trains_and_learns(up: str, lossless: str) -> None:
     assert all(e.bytes_up > 0 for e in events)
 
 
-def test_requirements_refuse_too_little_data_and_too_slow_rounds() -> None:
+def test_requirements_refuse_or_wait_for_too_little_data_and_refuse_too_slow_rounds() -> None:
     from sluice.control import Cause, Requirements, Termination, train
 
     cfg = _small()
     report = train(HFLEngine(cfg), Termination(iterations=3), Requirements(min_data_amount=10**6))
     assert report.cause == Cause.INSUFFICIENT_TRAINING_SAMPLES and report.iterations == 0
+    # a run that may wait for data: the engine reports INADEQUATE_TRAINING_DATA; no data comes, the run ends so
+    report = train(HFLEngine(cfg), Termination(iterations=3, data_wait_s=0.1), Requirements(min_data_amount=10**6))
+    assert report.cause == Cause.INADEQUATE_TRAINING_DATA and report.iterations == 0
     report = train(HFLEngine(cfg), Termination(iterations=3), Requirements(max_training_time_s=1e-6))
     assert report.cause == Cause.INSUFFICIENT_COMPUTE and report.iterations == 0
     report = train(HFLEngine(cfg), Termination(iterations=3), Requirements(min_data_amount=10))

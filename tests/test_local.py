@@ -10,7 +10,8 @@ import torch
 
 from sluice.engine import Engine
 from sluice.errors import ConfigError, DataError, TrainingError
-from sluice.local import LocalTrainer, classification_metrics
+from sluice.local import LocalTrainer
+from sluice.metrics import MetricSpec, classification_metrics
 
 
 def _eng(ds, **kw) -> LocalTrainer:
@@ -25,7 +26,7 @@ def test_speaks_the_engine_protocol_and_learns(digits) -> None:
     assert [e.iteration for e in events] == list(range(1, 9))
     assert events[-1].metrics["test_accuracy"] > 0.9
     assert events[-1].metrics["train_loss"] < events[0].metrics["train_loss"]
-    assert set(events[0].metrics) == set(eng.metric_names)
+    assert set(events[0].metrics) == set(eng.metrics)
     assert all(e.bytes_up == e.bytes_down == 0 and e.seconds > 0 and e.anomaly is None for e in events)
     assert eng.num_layers == 2 and eng.num_samples == len(digits.y_train)
 
@@ -103,7 +104,9 @@ def test_regression_with_extra_metrics() -> None:
     X = rng.normal(size=(300, 4)).astype(np.float32)
     Y = np.stack([X @ [1.0, -1.0, 0.5, 0.0], X[:, 0] * 2], axis=1).astype(np.float32)
     eng = LocalTrainer(X[:240], Y[:240], X[240:], Y[240:], task="regression", hidden=(16,), lr=0.05,
-                       metric_fns={"max_abs_error": lambda p, t: float(np.abs(p - t).max())})
+                       metric_fns={"max_abs_error": lambda p, t: float(np.abs(p - t).max())},
+                       metric_specs=[MetricSpec("max_abs_error", False, 0.0)])
+    assert eng.metrics["max_abs_error"].mode == "min"
     first = eng.iterate().metrics
     for _ in range(15):
         last = eng.iterate().metrics
@@ -132,3 +135,17 @@ def test_bad_arguments(digits) -> None:
         LocalTrainer(np.zeros((5, 3)), np.zeros(4), np.zeros((2, 3)), np.zeros(2))
     with pytest.raises(DataError, match="num_classes"):
         LocalTrainer(np.zeros((5, 3)), np.arange(5), np.zeros((2, 3)), np.zeros(2), num_classes=3)
+
+
+def test_evaluate_measures_without_training(digits) -> None:
+    """The untrained model's test metrics: the reference that divergence is measured against."""
+    eng = _eng(digits)
+    before = eng.params.copy()
+    m = eng.evaluate()
+    np.testing.assert_array_equal(eng.params, before)
+    assert eng.iteration == 0 and set(m) == set(eng.metrics) - {"train_loss"}
+    assert abs(m["test_loss"] - np.log(10)) < 0.5  # close to chance for 10 classes
+    assert eng.iterate().metrics["test_loss"] < m["test_loss"]
+    ref = _eng(digits)
+    ref.iterate()
+    np.testing.assert_array_equal(eng.params, ref.params)  # evaluating did not change what training does

@@ -15,8 +15,7 @@ import pytest
 from sluice.cli import main
 from sluice.errors import SluiceError
 from sluice.runs import read_metrics
-from sluice.vfl import SplitConfig
-from sluice.vfl.runner import run_leader
+from sluice.vfl import SplitConfig, SplitEngine
 
 
 def test_split_run_end_to_end(tmp_path):
@@ -24,13 +23,17 @@ def test_split_run_end_to_end(tmp_path):
     rc = main(["split", "run", "--out", str(out), "--set", "train.steps=6", "--set", "train.eval_every=3",
                "--set", "transport.timeout_s=20"])
     assert rc == 0
-    for name in ("config.toml", "metrics.jsonl", "summary.json", "follower-1.log", "loss.png"):
+    for name in ("config.toml", "metrics.jsonl", "steps.jsonl", "summary.json", "report.json", "status.json",
+                 "follower-1.log", "loss.png", "model.pt"):
         assert (out / name).is_file(), name
     recs = read_metrics(out / "metrics.jsonl")
-    assert [r["step"] for r in recs] == list(range(6))
-    for r in recs:
-        assert r["bytes_up"] > 0 and r["bytes_down"] > 0 and r["step_time_s"] > 0
-        assert set(r["idle_s"]) == {"leader", "follower-1"}
+    steps = read_metrics(out / "steps.jsonl")
+    assert [r["step"] for r in recs] == [r["step"] for r in steps] == list(range(6))
+    for r, full in zip(recs, steps, strict=True):
+        assert r["bytes_up"] == full["bytes_up"] > 0 and r["bytes_down"] == full["bytes_down"] > 0
+        assert r["train_loss"] == full["loss"] and r["seconds"] > 0
+        assert set(full["idle_s"]) == {"leader", "follower-1"}
+        assert r["idle_leader_s"] == full["idle_s"]["leader"]
     assert {r["step"] for r in recs if "test_auc" in r} == {2, 5}
     s = json.loads((out / "summary.json").read_text())
     assert s["topology"] == "6" and s["dataset"] == "breast_cancer" and s["steps"] == 6
@@ -40,8 +43,46 @@ def test_split_run_end_to_end(tmp_path):
     assert link["bytes_received"] >= s["total_bytes_up"] + s["setup_bytes_up"]
     assert link["bytes_sent"] >= s["total_bytes_down"] + s["setup_bytes_down"]
     assert 0.5 < s["final_test_accuracy"] <= 1.0
+    report = json.loads((out / "report.json").read_text())
+    assert report["cause"] == "CRITERION_MET" and report["iterations"] == 6
+    assert report["performance"]["test_auc"] == s["final_test_auc"]
+    assert json.loads((out / "status.json").read_text())["status"] == "FINISHED"
     log = (out / "follower-1.log").read_text()
     assert "trained 6 steps" in log
+
+
+def test_split_run_stops_at_termination_iterations(tmp_path):
+    """The control plane's iteration limit replaces the planned 240 steps: exactly 5, with a report."""
+    out = tmp_path / "run"
+    assert main(["split", "run", "--out", str(out), "--set", "termination.iterations=5",
+                 "--set", "model.id=bc-split", "--set", "transport.timeout_s=20"]) == 0
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == list(range(5))
+    report = json.loads((out / "report.json").read_text())
+    assert report["iterations"] == 5 and report["criterion"]["rule"] == "iterations"
+    assert report["model"]["id"] == "bc-split"
+    assert "test_accuracy" in report["performance"]  # the last step of the plan is evaluated
+    assert "trained 5 steps" in (out / "follower-1.log").read_text()
+
+
+def test_split_run_target_stops_the_follower_process_early(tmp_path):
+    """A target met long before the planned steps: the follower process stops at once and exits cleanly."""
+    out = tmp_path / "run"
+    t0 = time.perf_counter()
+    rc = main(["split", "run", "--out", str(out), "--set", "train.eval_every=2", "--set", "train.steps=2000",
+               "--set", "termination.performance.test_accuracy=0.8", "--set", "transport.timeout_s=20"])
+    assert rc == 0
+    n = len(read_metrics(out / "metrics.jsonl"))
+    assert n < 2000 and n % 2 == 0
+    assert json.loads((out / "report.json").read_text())["criterion"]["rule"] == "performance.test_accuracy"
+    assert f"trained {n} steps" in (out / "follower-1.log").read_text()
+    assert time.perf_counter() - t0 < 60
+
+
+def test_split_run_refuses_what_split_training_cannot_report(capsys, tmp_path):
+    out = tmp_path / "x"
+    assert main(["split", "run", "--out", str(out), "--set", "termination.performance.test_mse=0.1"]) == 2
+    assert "test_auc" in capsys.readouterr().err  # the message names what it reports
+    assert not out.exists()
 
 
 def test_split_run_config_errors_exit_2(capsys, tmp_path):
@@ -76,19 +117,31 @@ def _leader_cfg(timeout_s: float) -> SplitConfig:
     })
 
 
+def _lead(cfg: SplitConfig, addr: str, steps: int, on_step=None) -> SplitEngine:
+    engine = SplitEngine(cfg, connect=[addr])
+    try:
+        for _ in range(steps):
+            event = engine.iterate()
+            if on_step is not None:
+                on_step(event)
+    finally:
+        engine.stop()
+    return engine
+
+
 @pytest.mark.parametrize("sig,timeout_s,limit", [(signal.SIGKILL, 30.0, 8.0), (signal.SIGSTOP, 1.5, 8.0)])
 def test_dead_or_stalled_follower_process_gives_a_clear_error(tmp_path, sig, timeout_s, limit):
     p, addr = _spawn_follower(tmp_path)
     hit = {}
 
-    def on_record(rec):
-        if rec["step"] == 5 and not hit:
+    def on_step(event):
+        if event.iteration == 5 and not hit:
             hit["t"] = time.perf_counter()
             os.kill(p.pid, sig)
 
     try:
         with pytest.raises(SluiceError) as info:
-            run_leader(_leader_cfg(timeout_s), [addr], on_record)
+            _lead(_leader_cfg(timeout_s), addr, 400, on_step)
         waited = time.perf_counter() - hit["t"]
         assert waited < limit
         msg = str(info.value)
@@ -101,14 +154,83 @@ def test_dead_or_stalled_follower_process_gives_a_clear_error(tmp_path, sig, tim
         p.wait(10)
 
 
+def test_leader_stopping_early_ends_the_follower_process_cleanly(tmp_path):
+    """Termination fires after 7 of the 400 proposed steps: the follower process stops at once, says it
+    trained 7 steps and exits 0 (it does not wait for the planned steps or its stall timeout)."""
+    from sluice.control.process import train
+
+    p, addr = _spawn_follower(tmp_path, timeout_s=30.0)
+    try:
+        engine = SplitEngine(_leader_cfg(30.0), connect=[addr])
+        assert engine.default_iterations == 400
+        t0 = time.perf_counter()
+        report = train(engine, {"iterations": 7})
+        assert report.iterations == 7 and len(engine.records) == 7
+        out, _ = p.communicate(timeout=10)
+        assert p.returncode == 0, out
+        assert "trained 7 steps" in out
+        assert time.perf_counter() - t0 < 20
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+
+
+def test_party_leader_trains_under_the_control_plane(tmp_path):
+    p, addr = _spawn_follower(tmp_path)
+    out = tmp_path / "lead"
+    try:
+        rc = main(["split", "party", "--role", "leader", "--connect", addr, "--out", str(out),
+                   "--set", "train.steps=50", "--set", "termination.iterations=4", "--set", "model.version=3"])
+        assert rc == 0
+        report = json.loads((out / "report.json").read_text())
+        assert report["iterations"] == 4 and report["model"]["version"] == "3"
+        assert len(read_metrics(out / "steps.jsonl")) == 4
+        assert json.loads((out / "summary.json").read_text())["steps"] == 4
+        text, _ = p.communicate(timeout=10)
+        assert p.returncode == 0 and "trained 4 steps" in text
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+    with pytest.raises(SluiceError, match="2 addresses"):
+        SplitEngine(SplitConfig(), connect=["127.0.0.1:1", "127.0.0.1:2"])
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_engine_ends_the_follower_processes_it_started(tmp_path, fail):
+    cfg = SplitConfig.model_validate({"followers": 2, "train": {"steps": 100}, "pipeline": {"groups": 2},
+                                      "transport": {"timeout_s": 20}})
+    engine = SplitEngine(cfg, run_dir=tmp_path)
+    engine.start()
+    assert engine._procs is not None
+    procs = list(engine._procs.procs)
+    assert len(procs) == 2 and all(p.poll() is None for p in procs)
+    try:
+        engine.iterate()
+        if fail:
+            assert engine.leader is not None
+            engine.leader.run_step = lambda: (_ for _ in ()).throw(RuntimeError("leader broke"))
+            with pytest.raises(RuntimeError, match="leader broke"):
+                engine.iterate()
+    finally:
+        engine.stop()
+    assert all(p.poll() is not None for p in procs)
+    logs = [(tmp_path / f"follower-{i}.log").read_text() for i in (1, 2)]
+    if fail:
+        assert all("leader broke" in log for log in logs), logs
+    else:
+        assert all(p.returncode == 0 for p in procs) and all("trained 1 steps" in log for log in logs)
+
+
 def test_follower_reports_a_vanished_leader(tmp_path):
     """The follower side of 'never a hang': its leader disappears right after the proposal."""
     import threading
 
     from sluice.transport.grpc_link import connect
-    from sluice.transport.wire import ControlMsg, decode, encode_control
     from sluice.vfl.runner import serve_follower
     from sluice.vfl.task import build_task, proposal_for
+    from sluice.wire.tensor import ControlMsg, decode, encode_control
 
     cfg = SplitConfig.model_validate({"train": {"steps": 50}, "pipeline": {"groups": 2},
                                       "transport": {"timeout_s": 20}})

@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sluice.vfl.grouping import (
-    Stage,
-    StageModel,
+    PipeStage,
+    PipeStageModel,
     StepModel,
     chain_bound,
     choose_groups,
@@ -57,14 +57,14 @@ def test_lower_bound_serial_is_the_sum_and_grows_with_G():
 
 def test_chain_bound_matches_the_formula_and_can_be_tighter():
     f, b, c, u, d, L = 0.02, 0.01, 0.003, 0.04, 0.03, 0.002
-    stages = [Stage("f", "A", f), Stage("u", "up", u), Stage("c", "B", c), Stage("d", "down", d),
-              Stage("b", "A", b)]
+    stages = [PipeStage("f", "A", f), PipeStage("u", "up", u), PipeStage("c", "B", c),
+              PipeStage("d", "down", d), PipeStage("b", "A", b)]
     for G in (1, 3, 8):
         assert chain_bound(G, stages, 2 * L) == pytest.approx(lower_bound(G, f, b, c, u, d, L))
     # with a slow backward and a long latency the chain bound adds the f+u+c+d+Gb+2L term
     f, b, c, u, d, L = 0.001, 0.01, 0.001, 0.005, 0.005, 0.01
-    stages = [Stage("f", "A", f), Stage("u", "up", u), Stage("c", "B", c), Stage("d", "down", d),
-              Stage("b", "A", b)]
+    stages = [PipeStage("f", "A", f), PipeStage("u", "up", u), PipeStage("c", "B", c),
+              PipeStage("d", "down", d), PipeStage("b", "A", b)]
     assert chain_bound(4, stages, 2 * L) == pytest.approx(f + u + c + d + 4 * b + 2 * L)
     assert chain_bound(4, stages, 2 * L) > lower_bound(4, f, b, c, u, d, L)
 
@@ -73,11 +73,11 @@ def _two_party_model(bw: float, per_op: float) -> StepModel:
     # follower forward/backward, 1 KB per sample each way, leader top
     return StepModel(
         chains=[[
-            StageModel("f", "cpu:F", per_op, 2e-5),
-            StageModel("up", "up", 40, 1024, bandwidth=bw),
-            StageModel("c", "cpu:L", per_op, 1e-6),
-            StageModel("down", "down", 40, 1024, bandwidth=bw),
-            StageModel("b", "cpu:F", per_op, 4e-5),
+            PipeStageModel("f", "cpu:F", per_op, 2e-5),
+            PipeStageModel("up", "up", 40, 1024, bandwidth=bw),
+            PipeStageModel("c", "cpu:L", per_op, 1e-6),
+            PipeStageModel("down", "down", 40, 1024, bandwidth=bw),
+            PipeStageModel("b", "cpu:F", per_op, 4e-5),
         ]],
         latency=0.002,
     )

@@ -135,8 +135,8 @@ def test_groups_chosen_from_measured_link_and_compute(mode):
 
 def test_malformed_proposal_is_refused_not_crashed():
     from sluice.transport.emulated import emulated_pair
-    from sluice.transport.wire import ControlMsg, decode, encode_control
     from sluice.vfl.follower import Follower
+    from sluice.wire.tensor import ControlMsg, decode, encode_control
 
     a, b = emulated_pair()
     f = Follower(b, PartyPolicy(), timeout_s=2)

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluice.vfl.ops import follower_ops, leader_ops
 from sluice.vfl.schedule import Op, OpGraph, OpType, Scheduler, Subtype
+from sluice.vfl.topology import TOPOLOGIES, In, topology
 
 FIRST, SECOND = OpType.FIRST, OpType.SECOND
 SENDS, FEEDS = Subtype.SENDS, Subtype.FEEDS
@@ -97,7 +97,7 @@ _FIG8_NAMES = {"head": "C2", "bottom.fwd": "C1.fwd", "bottom.bwd": "C1.bwd"}
 @given(groups=st.integers(1, 6), arrivals=st.lists(st.booleans(), min_size=60, max_size=60))
 def test_leader_replays_fig8(groups: int, arrivals: list[bool]):
     step = 0
-    ops = leader_ops("6", step, groups, ["D"])
+    ops = TOPOLOGIES["6"].ops("leader", step, groups, ["D"])
     graph = OpGraph(ops)
     sched = Scheduler(10**12)  # FIG. 8 has no threshold
     q1: deque[int] = deque()  # follower results waiting (group numbers)
@@ -163,7 +163,7 @@ def fig9(q4_bytes: int, threshold: int, fwd_done: int, groups: int, q5: deque) -
 )
 def test_follower_replays_fig9(groups, size, threshold, drains, grads):
     step = 0
-    graph = OpGraph(follower_ops("6", step, groups, "C"))
+    graph = OpGraph(TOPOLOGIES["6"].ops("follower", step, groups, ["C"]))
     sched = Scheduler(threshold)
     q4 = 0  # bytes waiting to be sent
     sent_groups = 0  # groups whose result has been produced
@@ -200,13 +200,49 @@ def test_follower_replays_fig9(groups, size, threshold, drains, grads):
 
 
 def test_u_shape_graphs_have_the_seed_types():
-    lead = {(o.name, o.type, o.subtype) for o in leader_ops("5", 0, 2, ["B"])}
+    lead = {(o.name, o.type, o.subtype) for o in TOPOLOGIES["5"].ops("leader", 0, 2, ["B"])}
     assert ("bottom.fwd", FIRST, SENDS) in lead  # A1 forward: its result is sent
     assert ("head", FIRST, SENDS) in lead  # A2 forward + backward: gradient sent
     assert ("bottom.bwd", SECOND, None) in lead  # A1 backward: local only
-    fol = {(o.name, o.type) for o in follower_ops("5", 0, 2, "A")}
+    fol = {(o.name, o.type) for o in TOPOLOGIES["5"].ops("follower", 0, 2, ["A"])}
     assert fol == {("middle.fwd", FIRST), ("middle.bwd", FIRST)}
-    lead6 = {(o.name, o.subtype) for o in leader_ops("6", 0, 1, ["D"])}
+    lead6 = {(o.name, o.subtype) for o in TOPOLOGIES["6"].ops("leader", 0, 1, ["D"])}
     assert ("bottom.fwd", FEEDS) in lead6 and ("head", SENDS) in lead6
-    with pytest.raises(ValueError):
-        leader_ops("7", 0, 1, ["D"])
+    with pytest.raises(ValueError, match="unknown topology '7'"):
+        topology("7")
+
+
+@pytest.mark.parametrize("name", sorted(TOPOLOGIES))
+def test_topology_table_is_consistent(name):
+    """Every tag a party waits for is sent by the other party, every local input is handed over by an
+    operation of the same party, and each step's graph runs to the end when every peer sends its part."""
+    from typing import get_args
+
+    from sluice.vfl.config import SplitConfig
+
+    assert set(get_args(SplitConfig.model_fields["topology"].annotation)) == set(TOPOLOGIES)
+    t = TOPOLOGIES[name]
+    for mine, theirs in ((t.leader_ops, t.follower_ops), (t.follower_ops, t.leader_ops)):
+        sent = {o.sends for o in theirs}
+        handed = {o.hands for o in mine}
+        for o in mine:
+            assert (o.sends is not None) == (o.subtype == SENDS), o
+            for need in o.needs:
+                assert need.tag in sent if isinstance(need, In) else need.name in handed
+    assert t.tags == {o.sends for o in t.leader_ops + t.follower_ops} - {None}
+    followers = ["f1"] if t.u_shape else ["f1", "f2"]
+    graph = OpGraph(t.ops("leader", 3, 2, followers))
+    for g in range(2):
+        for o in t.follower_ops:
+            if o.sends is not None:
+                for p in followers:
+                    graph.offer(("in", 3, o.sends, p, g))
+    sched = Scheduler(10**9)
+    while not graph.finished:
+        op = sched.choose(graph.ready, 0).op
+        assert op is not None, "the leader's graph is stuck"
+        graph.done(op)
+        spec = t.specs("leader")[op.name]
+        if spec.hands is not None:
+            graph.offer(("loc", 3, spec.hands, op.group))
+    assert len(graph.ops) == 2 * len(t.leader_ops)

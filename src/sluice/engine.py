@@ -1,14 +1,34 @@
 """The one small protocol every training engine speaks.
 
 Control (``sluice.control``) drives engines only through this module: it never imports engine
-internals. An engine runs one *iteration* at a time (a round in horizontal FL, a step in split
-training, a step or epoch in local training) and reports it as an :class:`IterationEvent`.
+internals, and no engine imports control. An engine runs one *iteration* at a time (a round in
+horizontal FL, a step in split training, a step or epoch in local training) and reports it as an
+:class:`IterationEvent`.
+
+Besides the methods of :class:`Engine`, an engine may offer these capabilities, which the control plane
+uses when present and refuses requirements for when absent:
+
+* ``num_samples`` (int): training samples in use; ``limit_samples(n)``: use only ``n`` of them;
+* ``num_layers`` (int): trainable layers of the model; ``set_trainable_layers(l)``: train only the last
+  ``l`` of them;
+* ``probe(k) -> float``: seconds per iteration, timed on ``k`` iterations without changing the model;
+* ``default_iterations`` (int): the iteration limit its configuration implies (``train.rounds``...),
+  used when the termination parameters give none;
+* ``check_data(data)``: raise :class:`sluice.errors.DataError` when ``data`` cannot be added.
+* ``set_min_samples(n)``: while it holds fewer than ``n`` samples, an iteration trains nothing and reports
+  the anomaly ``INADEQUATE_TRAINING_DATA`` (the engine can wait for data: SPEC T6);
+* ``checkpoint() -> bytes`` / ``restore(bytes)``: the whole training state as bytes and back.
+* ``evaluate() -> dict``: metrics of the model as it is, without training it (before the first
+  iteration: the initial losses that divergence is measured against).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
+
+from sluice.metrics import MetricSpec
 
 
 @dataclass
@@ -38,7 +58,16 @@ class Engine(Protocol):
     ``stop`` releases resources; ``suspend``/``resume`` pause and continue without losing state;
     ``add_data`` hands the engine more training data (the inadequate-data loop);
     ``save`` writes the trained model and returns its path.
+
+    ``metrics`` declares every metric the engine reports (name → :class:`sluice.metrics.MetricSpec`);
+    ``counts_bytes`` says whether its events carry the bytes it sent and received.
     """
+
+    @property
+    def metrics(self) -> Mapping[str, MetricSpec]: ...
+
+    @property
+    def counts_bytes(self) -> bool: ...
 
     def start(self) -> None: ...
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -42,10 +43,13 @@ class RunDir:
                 path = base.with_name(f"{base.name}-{i}")
                 i += 1
         self.path = Path(path)
+        self.created = not self.path.exists()
         self.path.mkdir(parents=True, exist_ok=True)
+        self._written: set[Path] = {self.path / "metrics.jsonl"}
         self._metrics = open(self.path / "metrics.jsonl", "w", encoding="utf-8")  # noqa: SIM115
 
     def write_config(self, config: dict[str, Any]) -> None:
+        self._written.add(self.path / "config.toml")
         _atomic_write(self.path / "config.toml", tomli_w.dumps(_toml_ready(config)).encode())
 
     def log(self, record: dict[str, Any]) -> None:
@@ -54,12 +58,21 @@ class RunDir:
 
     def write_json(self, name: str, obj: Any) -> Path:
         path = self.path / name
+        self._written.add(path)
         _atomic_write(path, (json.dumps(obj, indent=2, default=str) + "\n").encode())
         return path
 
     def close(self) -> None:
         if not self._metrics.closed:
             self._metrics.close()
+
+    def discard(self) -> None:
+        """Remove what this run wrote, and the directory when this run created it."""
+        self.close()
+        for path in self._written:
+            path.unlink(missing_ok=True)
+        if self.created:
+            shutil.rmtree(self.path, ignore_errors=True)
 
     def __enter__(self) -> RunDir:
         return self

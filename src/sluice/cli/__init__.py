@@ -1,7 +1,9 @@
 """Command-line entry point: ``sluice <command> ...``.
 
-Each sub-command lives in its own module with a ``register(subparsers)`` function. Errors a user can
-cause (:class:`sluice.errors.SluiceError`) are printed without a traceback and exit with status 2.
+Each sub-command lives in its own module with a ``register(subparsers)`` function. Building the parser
+imports no engine, torch, scikit-learn, matplotlib or gRPC: a command imports what it needs when it runs,
+so ``--help`` and ``--version`` answer at once. Errors a user can cause (:class:`sluice.errors.SluiceError`)
+are printed without a traceback and exit with status 2.
 """
 
 from __future__ import annotations
@@ -16,14 +18,9 @@ from sluice.errors import SluiceError
 
 from . import control as _control
 from . import run as _run
+from . import split as _split
 
-_COMMANDS = [_run, _control]
-try:  # optional sub-commands added by other packages of Sluice
-    from . import split as _split
-
-    _COMMANDS.append(_split)
-except ImportError:  # pragma: no cover - only while a sub-command is absent
-    pass
+_COMMANDS = [_run, _split, _control]
 
 
 def build_parser() -> argparse.ArgumentParser:

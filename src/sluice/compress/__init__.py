@@ -1,4 +1,4 @@
-"""Upload compressors and the Sluice wire format (versioned, checksummed, exact byte accounting)."""
+"""Upload compressors: chainable stages whose output is a :mod:`sluice.wire.vector` message."""
 
 from sluice.compress.codecs import (
     Compressor,
@@ -19,33 +19,15 @@ from sluice.compress.codecs import (
     unsketch,
     zstd,
 )
-from sluice.compress.wire import (
-    DensePayload,
-    PatchChain,
-    Payload,
-    SketchPayload,
-    SparsePayload,
-    decode,
-    encode,
-    index_block_sizes,
-)
 
 __all__ = [
     "Compressor",
-    "DensePayload",
-    "PatchChain",
-    "Payload",
-    "SketchPayload",
-    "SparsePayload",
     "Stage",
     "cast",
     "chain",
     "count_sketch",
-    "decode",
     "decode_to_dense",
     "dense",
-    "encode",
-    "index_block_sizes",
     "make_uplink",
     "randk",
     "randk_indices",

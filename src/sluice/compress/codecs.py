@@ -33,7 +33,9 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
-from sluice.compress.wire import (
+from sluice.errors import ConfigError, WireError
+from sluice.wire import dtypes
+from sluice.wire.vector import (
     MAX_D,
     DensePayload,
     IndexCoding,
@@ -43,7 +45,6 @@ from sluice.compress.wire import (
     decode,
     encode,
 )
-from sluice.errors import ConfigError, WireError
 
 _FP16_MAX = float(np.finfo(np.float16).max)
 _SEED_BOUND = 2**63
@@ -186,8 +187,8 @@ def _vector(inp: Any) -> np.ndarray:
 
 
 def _wire_values(v: np.ndarray) -> np.ndarray:
-    """Keep float16/float32; send float64 as float32."""
-    return v if v.dtype in (np.float16, np.float32) else v.astype(np.float32)
+    """Keep the value types vector payloads carry (float16/float32); send anything else as float32."""
+    return v if dtypes.of_numpy(v.dtype) in dtypes.VECTOR_DTYPES else v.astype(dtypes.FP32.numpy)
 
 
 def _k_of(ratio: float, d: int) -> int:
@@ -285,8 +286,8 @@ def count_sketch(
     return Stage(init, update)
 
 
-def _to_dtype(v: np.ndarray, dtype: type[np.floating]) -> np.ndarray:
-    if dtype is np.float16 and v.dtype != np.float16:
+def _to_dtype(v: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    if dtype == np.float16 and v.dtype != np.float16:
         # saturate finite values at +-65504 instead of overflowing to inf
         v = np.where(np.isfinite(v), np.clip(v, -_FP16_MAX, _FP16_MAX), v)
     return v.astype(dtype)
@@ -294,9 +295,10 @@ def _to_dtype(v: np.ndarray, dtype: type[np.floating]) -> np.ndarray:
 
 def cast(dtype: Literal["fp16", "fp32"]) -> Stage:
     """Round the values (or sketch table) to fp16 or fp32; finite values saturate at the fp16 range."""
-    if dtype not in ("fp16", "fp32"):
+    wire_type = next((t for t in dtypes.VECTOR_DTYPES if t.name == dtype), None)
+    if wire_type is None:
         raise ConfigError(f"cast dtype must be 'fp16' or 'fp32', got {dtype!r}")
-    np_dtype = np.float16 if dtype == "fp16" else np.float32
+    np_dtype = wire_type.numpy
 
     def update(inp: Any, state: Any, rng: np.random.Generator) -> tuple[Payload, Any]:
         if isinstance(inp, SparsePayload):

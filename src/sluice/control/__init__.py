@@ -5,11 +5,16 @@ Control drives any engine that speaks :mod:`sluice.engine` and never imports eng
     from sluice.control import Termination, train
     report = train(engine, {"iterations": 100, "performance": {"accuracy": 0.9}})
     report.cause, report.fired, report.estimated_remaining_iterations
+
+A producer serves requests in the background: ``Producer.start(request)`` returns a
+:class:`ProcessHandle` to query, update, suspend, resume, cancel or wait on, kept in a
+:class:`ProcessRegistry` by id. :mod:`sluice.control.threegpp` renders everything in 3GPP terms.
 """
 
 from sluice.control.consumer import Consumer, train_many
 from sluice.control.eta import Estimate, Estimator, PowerLaw, fit_power_law
-from sluice.control.feasibility import Feasibility
+from sluice.control.feasibility import Feasibility, preflight
+from sluice.control.handles import ProcessHandle, ProcessRegistry, UnknownProcessError
 from sluice.control.monitor import Anomaly, Firing, Hit, Monitor, Observation
 from sluice.control.negotiation import Agreement, Proposal, negotiate
 from sluice.control.params import (
@@ -24,15 +29,19 @@ from sluice.control.params import (
     Requirements,
     Resources,
     Termination,
-    known_metrics,
-    metric_mode,
     parse_model,
     parse_requirements,
     parse_termination,
-    register_metric,
 )
 from sluice.control.process import TrainingProcess, train
-from sluice.control.producer import Producer, ProducerPolicy, RequestResponse, RunHistory, TrainingRequest
+from sluice.control.producer import (
+    Producer,
+    ProducerPolicy,
+    RequestRefused,
+    RequestResponse,
+    RunHistory,
+    TrainingRequest,
+)
 from sluice.control.replay import ReplayEngine
 from sluice.control.report import TrainingReport
 from sluice.control.resources import ResourceSampler
@@ -55,12 +64,15 @@ __all__ = [
     "Monitor",
     "Observation",
     "Plateau",
+    "ProcessHandle",
+    "ProcessRegistry",
     "PowerLaw",
     "ProcessState",
     "Producer",
     "ProducerPolicy",
     "Proposal",
     "ReplayEngine",
+    "RequestRefused",
     "RequestResponse",
     "Requirements",
     "ResourceSampler",
@@ -70,14 +82,13 @@ __all__ = [
     "TrainingProcess",
     "TrainingReport",
     "TrainingRequest",
+    "UnknownProcessError",
     "fit_power_law",
-    "known_metrics",
-    "metric_mode",
     "negotiate",
     "parse_model",
     "parse_requirements",
     "parse_termination",
-    "register_metric",
+    "preflight",
     "train",
     "train_many",
 ]

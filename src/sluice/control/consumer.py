@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from sluice.control.handles import ProcessHandle
 from sluice.control.negotiation import Review
-from sluice.control.producer import Producer, RequestResponse, TrainingRequest
+from sluice.control.producer import Producer, RequestRefused, RequestResponse, TrainingRequest
 from sluice.errors import ConfigError
 
 
@@ -17,6 +17,11 @@ class Consumer:
     def __init__(self, name: str = "consumer", review: Review | None = None) -> None:
         self.name = name
         self.review = review
+
+    def start(self, producer: Producer, request: TrainingRequest, **kwargs: Any) -> ProcessHandle:
+        """One request to one producer, training in the background: the process handle, or
+        :class:`~sluice.control.producer.RequestRefused` with the producer's answer."""
+        return producer.start(request, review=self.review, **kwargs)
 
     def request(self, producer: Producer, request: TrainingRequest, **kwargs: Any) -> RequestResponse:
         """One request to one producer; the answer says whether it was accepted, with its report."""
@@ -32,16 +37,27 @@ class Consumer:
     ) -> list[RequestResponse]:
         """Send the same request to several producers (R4) and gather every answer, in producer order.
 
-        ``parallel`` trains them in threads (each engine should then keep to one torch thread).
+        ``parallel`` starts every producer's training before waiting for any (each engine should then keep
+        to one torch thread); if a start fails, the processes already started are cancelled.
         """
         names = [p.name for p in producers]
         if len(set(names)) != len(names):
             raise ConfigError(f"producer names must be distinct, got {names}")
         if not parallel:
             return [self.request(p, request, **kwargs) for p in producers]
-        with ThreadPoolExecutor(max_workers=len(producers)) as pool:
-            futures = [pool.submit(self.request, p, request, **kwargs) for p in producers]
-            return [f.result() for f in futures]
+        started: list[ProcessHandle | RequestResponse] = []
+        try:
+            for p in producers:
+                try:
+                    started.append(self.start(p, request, **kwargs))
+                except RequestRefused as refused:
+                    started.append(refused.response)
+        except BaseException:
+            for s in started:
+                if isinstance(s, ProcessHandle):
+                    s.cancel()
+            raise
+        return [p.answer(s) if isinstance(s, ProcessHandle) else s for p, s in zip(producers, started, strict=True)]
 
 
 def train_many(

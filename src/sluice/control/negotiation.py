@@ -13,15 +13,12 @@ Parameters can still change while training runs: :meth:`TrainingProcess.update`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
 from sluice.control.params import ModelIdentity, Requirements, Termination, parse_termination
 from sluice.errors import NegotiationError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from sluice.control.producer import Producer
 
 DecidedBy = Literal["consumer", "producer", "negotiated"]
 
@@ -46,8 +43,18 @@ class Agreement(BaseModel):
 Review = Callable[[Proposal], "None | bool | dict[str, Any] | Termination"]
 
 
+class Proposer(Protocol):
+    """What negotiation needs of a producer (:class:`sluice.control.Producer` is one)."""
+
+    name: str
+
+    def propose(self, model: ModelIdentity, requirements: Requirements | None = None) -> Proposal: ...
+
+    def decide(self, model: ModelIdentity, requirements: Requirements | None = None) -> Termination: ...
+
+
 def negotiate(
-    producer: Producer,
+    producer: Proposer,
     model: ModelIdentity,
     requirements: Requirements | None = None,
     *,

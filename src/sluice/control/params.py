@@ -4,9 +4,13 @@ Names follow 3GPP TS 28.105 where it has them (``mLModelId``, ``performanceRequi
 ``ModelPerformance``); the rest (layers, data amount bounds, error threshold, iteration count, resource
 thresholds) are Sluice extensions, carried in a ``VsDataContainer`` when exported.
 
+Criteria may name any metric (``accuracy``, ``f1``, ``auc`` and ``loss`` are aliases of ``test_*``); the
+metrics an engine reports, whether higher or lower is better and the range of each are the engine's own
+declaration (:class:`sluice.metrics.MetricSpec`), checked when a training process is built for it.
+
 Every criterion compares one observed value ``v`` with a threshold ``θ`` after each iteration:
 
-* a metric to *maximise* (accuracy, precision, recall, F1) holds when ``v ≥ θ + min_delta``;
+* a metric to *maximise* (accuracy, precision, recall, F1, AUC) holds when ``v ≥ θ + min_delta``;
 * a metric to *minimise* (losses, errors) holds when ``v ≤ θ − min_delta``;
 * a resource holds when ``v ≥ θ + min_delta``;
 * a plateau holds at an iteration where ``v`` did not improve on its best so far by more than ``min_delta``.
@@ -16,88 +20,48 @@ consecutive checks. Criteria listed directly in :class:`Termination` are combine
 as soon as any one fires, the seed's rule); each entry of ``all_of`` is an AND group that fires when all of
 its criteria are satisfied at the same iteration. OR of AND groups expresses any monotone combination.
 Non-finite metrics and divergence are *anomalies* (cause ``DIVERGED``), never criteria.
+
+Performance targets and the training error threshold name a *result*; iterations, training time,
+resources and plateau are *budgets*. Which kind fired decides the cause of the report (see
+:mod:`sluice.control.process`).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, StrictFloat, StrictInt, ValidationError, field_validator, model_validator
 
 from sluice.errors import ConfigError
+from sluice.metrics import KNOWN, MetricSpec, canonical
 from sluice.schema import Section
 
 Mode = Literal["min", "max"]
 
 # ----------------------------------------------------------------------------------------------- metrics
 
-_METRICS: dict[str, tuple[Mode, float | None, float | None]] = {}
-_ALIASES = {
-    "accuracy": "test_accuracy",
-    "precision": "test_precision",
-    "recall": "test_recall",
-    "f1": "test_f1",
-    "loss": "test_loss",
-}
-
-
-def register_metric(name: str, mode: Mode, low: float | None = None, high: float | None = None) -> None:
-    """Declare a metric an engine reports, whether higher (``"max"``) or lower (``"min"``) is better,
-    and the range a threshold on it may take (``None`` = unbounded)."""
-    if mode not in ("min", "max"):
-        raise ConfigError(f"metric mode must be 'min' or 'max', got {mode!r}")
-    if not name or not name.replace("_", "").isalnum():
-        raise ConfigError(f"metric names are letters, digits and '_', got {name!r}")
-    _METRICS[name] = (mode, low, high)
-
-
-for _m in ("test_accuracy", "test_precision", "test_recall", "test_f1", "train_accuracy"):
-    register_metric(_m, "max", 0.0, 1.0)
-for _m in ("train_loss", "test_loss", "test_mse", "test_mae", "test_rmse"):
-    register_metric(_m, "min", 0.0, None)
-# type-specific training errors (T4), see sluice.control.metrics
-for _m in ("coverage_error", "coverage_error_rsrp", "coverage_error_rsrq", "coverage_error_sinr",
-           "energy_error", "energy_efficiency_error", "energy_consumption_error"):
-    register_metric(_m, "min", 0.0, None)
-
-
-def known_metrics() -> list[str]:
-    """Names a criterion may refer to (plus the aliases accuracy, precision, recall, f1, loss)."""
-    return sorted(_METRICS)
-
-
 def resolve_metric(name: str) -> str:
-    """Canonical metric name for ``name`` (an alias or a registered name); ValueError if unknown."""
-    canon = _ALIASES.get(name, name)
-    if canon not in _METRICS:
-        raise ValueError(
-            f"unknown metric {name!r}; known metrics: {', '.join(known_metrics())} "
-            f"(aliases: {', '.join(sorted(_ALIASES))}); an engine's own metrics must be declared with "
-            "sluice.control.register_metric(name, mode)"
-        )
-    return canon
+    """Canonical name of metric ``name`` (an alias such as ``accuracy`` becomes ``test_accuracy``).
+
+    Any name of letters, digits and ``_`` is accepted here; whether an engine reports it is checked when a
+    training process is built for that engine (:func:`sluice.control.monitor.check_criteria`).
+    """
+    if not isinstance(name, str) or not name or not name.replace("_", "").isalnum():
+        raise ValueError(f"metric names are letters, digits and '_', got {name!r}")
+    return canonical(name)
 
 
-def metric_mode(name: str) -> Mode:
-    """``"max"`` when higher is better for ``name``, else ``"min"``."""
-    return _METRICS[resolve_metric(name)][0]
-
-
-def metric_range(name: str) -> tuple[float | None, float | None]:
-    """The values ``name`` can take (``None`` = unbounded)."""
-    _, low, high = _METRICS[resolve_metric(name)]
-    return low, high
-
-
-def _check_metric_threshold(name: str, value: float, what: str) -> None:
-    _, low, high = _METRICS[name]
-    if not math.isfinite(value):
-        raise ValueError(f"{what} for {name} must be a finite number, got {value}")
-    if low is not None and value < low or high is not None and value > high:
-        rng = f"[{low}, {high if high is not None else 'inf'}]"
-        raise ValueError(f"{what} for {name} must be in {rng}, got {value}")
+def spec_of(name: str, specs: Mapping[str, MetricSpec] | None = None) -> MetricSpec:
+    """The :class:`MetricSpec` of ``name`` in ``specs`` (an engine's declared metrics; default: the metrics
+    Sluice's engines report)."""
+    table = KNOWN if specs is None else specs
+    spec = table.get(name)
+    if spec is None:
+        raise ConfigError(f"unknown metric {name!r}; the metrics reported are {', '.join(sorted(table))}")
+    return spec
 
 
 # ------------------------------------------------------------------------------------------ model types
@@ -192,6 +156,12 @@ class ModelIdentity(Section):
     version: str = Field("1", min_length=1, max_length=50, description="mLModelVersion")
     type: str | None = Field(None, description="Sluice model type, TS 28.104 MDAType, or VS_<NAME>")
 
+    @field_validator("id", "version", mode="before")
+    @classmethod
+    def _integer_text(cls, v: Any) -> Any:
+        """An integer (``version = 7`` in TOML) stands for its decimal text."""
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
     @field_validator("type")
     @classmethod
     def _type(cls, v: str | None) -> str | None:
@@ -208,9 +178,6 @@ class ModelIdentity(Section):
         nv = str(int(v) + 1) if v.isdigit() else f"{v}.1"
         return self.model_copy(update={"version": nv})
 
-    def to_3gpp(self) -> dict[str, Any]:
-        return {"mLModelId": self.id, "mLModelVersion": self.version, "mDAType": self.type}
-
 
 # ----------------------------------------------------------------------------------------------- criteria
 
@@ -218,15 +185,17 @@ class ModelIdentity(Section):
 class Criterion(Section):
     """A threshold criterion. A bare number in TOML (``test_accuracy = 0.9``) means ``threshold``."""
 
-    threshold: float
-    min_delta: float = Field(0.0, ge=0, description="margin by which the threshold must be passed")
-    patience: int = Field(1, ge=1, description="consecutive checks the condition must hold")
-    warmup: int = Field(0, ge=0, description="iterations before the criterion is checked at all")
+    threshold: StrictFloat
+    min_delta: StrictFloat = Field(0.0, ge=0, description="margin by which the threshold must be passed")
+    patience: StrictInt = Field(1, ge=1, description="consecutive checks the condition must hold")
+    warmup: StrictInt = Field(0, ge=0, description="iterations before the criterion is checked at all")
 
     @model_validator(mode="before")
     @classmethod
     def _bare(cls, data: Any) -> Any:
-        if isinstance(data, int | float) and not isinstance(data, bool):
+        if isinstance(data, bool):
+            raise ValueError(f"a criterion is a threshold number or a table, not {str(data).lower()}")
+        if isinstance(data, int | float):
             return {"threshold": data}
         return data
 
@@ -242,9 +211,9 @@ class Plateau(Section):
     """No improvement larger than ``min_delta`` over the best value so far on ``patience`` consecutive
     checks (Lightning's EarlyStopping)."""
 
-    min_delta: float = Field(0.0, ge=0)
-    patience: int = Field(5, ge=1)
-    warmup: int = Field(0, ge=0)
+    min_delta: StrictFloat = Field(0.0, ge=0)
+    patience: StrictInt = Field(5, ge=1)
+    warmup: StrictInt = Field(0, ge=0)
 
 
 class Resources(Section):
@@ -279,15 +248,14 @@ class Resources(Section):
 
 
 def _metric_dict(v: dict[str, Any], what: str) -> dict[str, Any]:
+    """``v`` keyed by canonical metric names; ranges are checked against the engine's specs later."""
     out: dict[str, Any] = {}
     for name, spec in v.items():
         canon = resolve_metric(name)
         if canon in out:
             raise ValueError(f"{what}: metric {canon!r} given twice (aliases count as the same metric)")
-        if isinstance(spec, Criterion):
-            _check_metric_threshold(canon, spec.threshold, what)
-        elif isinstance(spec, float | int) and not isinstance(spec, bool):
-            _check_metric_threshold(canon, float(spec), what)
+        if isinstance(spec, float) and not math.isfinite(spec):
+            raise ValueError(f"{what} for {canon} must be a finite number, got {spec}")
         out[canon] = spec
     return out
 
@@ -300,8 +268,8 @@ class CriteriaSet(Section):
     error_metric: str | None = Field(
         None, description="metric that is the training error (default: by model type, else train_loss)"
     )
-    iterations: int | None = Field(None, ge=1, description="stop when this many iterations are done")
-    training_time_s: float | None = Field(None, gt=0, description="stop when training took this long")
+    iterations: StrictInt | None = Field(None, ge=1, description="stop when this many iterations are done")
+    training_time_s: StrictFloat | None = Field(None, gt=0, description="stop when training took this long")
     resources: Resources = Field(default_factory=Resources)
     performance: dict[str, Criterion] = Field(
         default_factory=dict, description="target performance per metric (≥ for accuracy-like metrics)"
@@ -311,12 +279,7 @@ class CriteriaSet(Section):
     @field_validator("error_metric")
     @classmethod
     def _error_metric(cls, v: str | None) -> str | None:
-        if v is None:
-            return v
-        canon = resolve_metric(v)
-        if metric_mode(canon) != "min":
-            raise ValueError(f"error_metric must be a metric to minimise (a loss or error), got {v!r}")
-        return canon
+        return None if v is None else resolve_metric(v)
 
     @field_validator("performance", mode="after")
     @classmethod
@@ -335,8 +298,10 @@ class CriteriaSet(Section):
         return self
 
     def has_result_criteria(self) -> bool:
-        """Whether a criterion says a *result* was reached (performance, training error, plateau)."""
-        return bool(self.performance or self.plateau or self.training_error is not None)
+        """Whether a criterion names a *result* to reach (a performance target or a training error
+        threshold). Iterations, training time, resources and plateau are budgets: they end training
+        whether or not a result was reached."""
+        return bool(self.performance or self.training_error is not None)
 
     def is_empty(self) -> bool:
         return (
@@ -362,13 +327,24 @@ class Termination(CriteriaSet):
 
     all_of: list[CriteriaGroup] = Field(default_factory=list)
     check_finite: bool = Field(True, description="a NaN/inf metric is the anomaly DIVERGED")
-    divergence: dict[str, float] = Field(
+    divergence: dict[str, StrictFloat] = Field(
         default_factory=dict,
         description="metric → bound; passing it in the bad direction is the anomaly DIVERGED",
     )
-    data_wait_s: float = Field(
+    divergence_factor: StrictFloat = Field(
+        10.0, description="a loss (metric named *_loss) above this many times its value for the untrained "
+        "model (when the engine can evaluate it) is the anomaly DIVERGED; 0 turns the check off",
+    )
+    data_wait_s: StrictFloat = Field(
         0.0, ge=0, description="how long to wait for more data (AWAITING_DATA) before giving up"
     )
+
+    @field_validator("divergence_factor")
+    @classmethod
+    def _factor(cls, v: float) -> float:
+        if v != 0 and not (v > 1 and math.isfinite(v)):
+            raise ValueError(f"must be a finite number > 1, or 0 to turn the check off; got {v}")
+        return v
 
     @field_validator("divergence", mode="after")
     @classmethod
@@ -395,18 +371,18 @@ class Termination(CriteriaSet):
 class Requirements(Section):
     """Training requirement information (R1), ``performanceRequirements`` in TS 28.105."""
 
-    layers: int | None = Field(None, ge=1, description="number of (last) layers to train; others frozen")
-    max_training_time_s: float | None = Field(None, gt=0, description="maximum training time")
-    data_amount: int | None = Field(None, ge=1, description="training samples to use")
-    min_data_amount: int | None = Field(None, ge=1, description="fewest training samples acceptable")
-    max_data_amount: int | None = Field(None, ge=1, description="most training samples to use")
-    performance: dict[str, float] = Field(
+    layers: StrictInt | None = Field(None, ge=1, description="number of (last) layers to train; others frozen")
+    max_training_time_s: StrictFloat | None = Field(None, gt=0, description="maximum training time")
+    data_amount: StrictInt | None = Field(None, ge=1, description="training samples to use")
+    min_data_amount: StrictInt | None = Field(None, ge=1, description="fewest training samples acceptable")
+    max_data_amount: StrictInt | None = Field(None, ge=1, description="most training samples to use")
+    performance: dict[str, StrictFloat] = Field(
         default_factory=dict, description="performance threshold per metric the trained model must meet"
     )
     stop_when_met: bool | None = Field(
         None,
         description="stop as soon as every performance threshold is met (an all_of group); None: only when "
-        "the termination parameters set no result of their own (performance, training error, plateau)",
+        "the termination parameters set no result of their own (performance, training error)",
     )
 
     @field_validator("performance", mode="after")
@@ -425,21 +401,18 @@ class Requirements(Section):
             raise ValueError(f"data_amount ({n}) is above max_data_amount ({hi})")
         return self
 
-    def met_by(self, metrics: dict[str, float]) -> bool | None:
-        """Whether ``metrics`` meet every performance threshold (None when there is none)."""
+    def met_by(self, metrics: Mapping[str, float], specs: Mapping[str, MetricSpec] | None = None) -> bool | None:
+        """Whether ``metrics`` meet every performance threshold (None when there is none); ``specs`` (the
+        engine's declared metrics) say whether higher or lower is better."""
         if not self.performance:
             return None
         for name, thr in self.performance.items():
             v = metrics.get(name)
             if v is None or not math.isfinite(v):
                 return False
-            if (v < thr) if metric_mode(name) == "max" else (v > thr):
+            if (v < thr) if spec_of(name, specs).higher_is_better else (v > thr):
                 return False
         return True
-
-    def to_3gpp(self) -> list[dict[str, Any]]:
-        """``performanceRequirements`` as a list of TS 28.105 ``ModelPerformance``."""
-        return [{"performanceMetric": k, "performanceScore": v} for k, v in self.performance.items()]
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -485,15 +458,19 @@ def parse_model(data: Any) -> ModelIdentity:
 
 
 class Cause(StrEnum):
-    """Why training ended (T5, R2)."""
+    """Why training ended (T5, R2). Only ``CRITERION_MET`` is success: a result was reached, or the
+    parameters named no result and their budget ran out. ``BUDGET_EXHAUSTED``: a budget ended training
+    before the result the termination parameters ask for. See :mod:`sluice.control.process`."""
 
     CRITERION_MET = "CRITERION_MET"
+    BUDGET_EXHAUSTED = "BUDGET_EXHAUSTED"
     INADEQUATE_TRAINING_DATA = "INADEQUATE_TRAINING_DATA"
     INSUFFICIENT_COMPUTE = "INSUFFICIENT_COMPUTE"
     INSUFFICIENT_TRAINING_SAMPLES = "INSUFFICIENT_TRAINING_SAMPLES"
     PERFORMANCE_NOT_MET = "PERFORMANCE_NOT_MET"
     CANCELLED = "CANCELLED"
     DIVERGED = "DIVERGED"
+    ENGINE_FAILURE = "ENGINE_FAILURE"
 
 
 class ProcessState(StrEnum):

@@ -8,8 +8,27 @@ Loop, one engine iteration at a time::
 
 The monitor is asked after *every* iteration and the loop ends at once when it answers, so no iteration
 runs after a criterion holds. Only the engine protocol is used; optional engine capabilities are
-duck-typed: ``num_samples``, ``num_layers``, ``metric_names``, ``probe(k) -> seconds per iteration``
-(without changing the model), ``set_trainable_layers(l)``, ``limit_samples(n)``.
+duck-typed: ``num_samples``, ``num_layers``, ``probe(k) -> seconds per iteration``
+(without changing the model), ``set_trainable_layers(l)``, ``limit_samples(n)``, ``check_data(data)``
+(a :class:`DataError` refuses the data; the process records why and goes on waiting) and ``evaluate()``
+(metrics of the untrained model: the initial losses the divergence check compares with).
+
+The parameters are checked against the metrics the engine declares when the process is built and on
+every :meth:`TrainingProcess.update` (:func:`sluice.control.monitor.check_criteria`).
+
+Causes (``TrainingReport.cause``; the state in brackets):
+
+* ``CRITERION_MET`` (FINISHED): a result was reached — a performance target, the training error
+  threshold or every performance requirement — or the parameters name no result at all and a budget
+  (iterations, training time, a resource, a plateau) ended training: then the budget *is* the request;
+* ``BUDGET_EXHAUSTED`` (FINISHED, not ``ok``): a budget ended training while a result target of the
+  termination parameters was set and not reached; the model so far is saved and the report estimates
+  what reaching the target would still take;
+* ``PERFORMANCE_NOT_MET`` (FAILED): training ended with a performance requirement not met (R2);
+* ``DIVERGED`` (FAILED): a non-finite metric, a divergence bound passed or a loss blown up (no model);
+* ``ENGINE_FAILURE`` (FAILED): the engine raised an error during training; the detail holds it and the
+  model so far is saved when there is one;
+* ``CANCELLED``, ``INADEQUATE_TRAINING_DATA``, ``INSUFFICIENT_TRAINING_SAMPLES``, ``INSUFFICIENT_COMPUTE``.
 
 Training time is active time: time spent suspended or waiting for data is not counted.
 An event whose ``anomaly`` is ``INADEQUATE_TRAINING_DATA`` did not train and is not counted as an
@@ -20,13 +39,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from sluice.control import inbox as _inbox
 from sluice.control.eta import Estimate, Estimator
-from sluice.control.feasibility import Feasibility, check_compute, check_data, check_layers
+from sluice.control.feasibility import Feasibility, check_compute, preflight
 from sluice.control.monitor import Anomaly, Firing, Monitor, Observation
 from sluice.control.params import (
     Cause,
@@ -34,17 +53,20 @@ from sluice.control.params import (
     ProcessState,
     Requirements,
     Termination,
-    metric_mode,
-    metric_range,
     parse_requirements,
     parse_termination,
+    spec_of,
 )
-from sluice.control.report import TrainingReport
+from sluice.control.report import TrainingReport, json_ready
 from sluice.control.resources import ResourceSampler
 from sluice.engine import Engine, IterationEvent
-from sluice.errors import ConfigError
+from sluice.errors import ConfigError, DataError
+from sluice.metrics import MetricSpec
 
 INADEQUATE = Cause.INADEQUATE_TRAINING_DATA.value
+_STATE = {Cause.CRITERION_MET: ProcessState.FINISHED, Cause.BUDGET_EXHAUSTED: ProcessState.FINISHED,
+          Cause.CANCELLED: ProcessState.CANCELLED}
+"""State a process ends in for each cause; every other cause is FAILED."""
 
 EventCallback = Callable[[IterationEvent, "TrainingProcess"], None]
 StateCallback = Callable[[ProcessState, "TrainingProcess", "TrainingReport | None"], None]
@@ -52,22 +74,32 @@ DataProvider = Callable[[TrainingReport], Any]
 
 
 def goal_of(
-    termination: Termination, requirements: Requirements | None, error_metric: str
+    termination: Termination, requirements: Requirements | None, error_metric: str,
+    specs: Mapping[str, MetricSpec] | None = None,
 ) -> tuple[str, float, str, int] | None:
     """The result training aims at, as ``(metric, target, mode, patience)``: the first performance target
     of the termination parameters, else of the requirements, else the training error threshold. The
-    target to reach is the threshold passed by its ``min_delta``."""
+    target to reach is the threshold passed by its ``min_delta``; ``mode`` comes from the metric's spec in
+    ``specs`` (the engine's declared metrics; default: Sluice's known metrics)."""
     if termination.performance:
         m, c = next(iter(termination.performance.items()))
-        mode = metric_mode(m)
+        mode = spec_of(m, specs).mode
         return m, c.threshold + (c.min_delta if mode == "max" else -c.min_delta), mode, c.patience
     if requirements is not None and requirements.performance:
         m, v = next(iter(requirements.performance.items()))
-        return m, v, metric_mode(m), 1
+        return m, v, spec_of(m, specs).mode, 1
     if termination.training_error is not None:
         c = termination.training_error
         return error_metric, c.threshold - c.min_delta, "min", c.patience
     return None
+
+
+class _EngineFailed(Exception):
+    """The engine raised ``error`` during training."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class TrainingProcess:
@@ -111,7 +143,8 @@ class TrainingProcess:
         self.probe_iterations = max(1, probe_iterations)
         self.clock = clock
 
-        self.monitor = Monitor(self.termination, self.requirements, self.model)
+        self.monitor = Monitor(self.termination, self.requirements, self.model, engine.metrics,
+                               counts_bytes=engine.counts_bytes, reporter=type(engine).__name__)
         if not self.monitor.rules:
             raise ConfigError(
                 "no termination criterion: give at least one of termination.iterations, training_time_s, "
@@ -133,6 +166,7 @@ class TrainingProcess:
         self.bytes_up = self.bytes_down = 0
         self.decision: Firing | Anomaly | None = None
         self.awaited = 0
+        self.data_refused: list[str] = []
         self._paused = 0.0
         self.report: TrainingReport | None = None
         self.estimator = self._make_estimator()
@@ -174,7 +208,9 @@ class TrainingProcess:
             t = base_t.merged(termination) if isinstance(termination, dict) else termination
             t = parse_termination(t) if t is not None else prev_t
             r = parse_requirements(requirements) if requirements is not None else prev_r
-            if not Monitor(t or self.termination, r or self.requirements, self.model).rules:
+            m = self.monitor
+            if not Monitor(t or self.termination, r or self.requirements, self.model, m.specs,
+                           counts_bytes=m.counts_bytes, reporter=m.reporter).rules:
                 raise ConfigError("the updated parameters leave no termination criterion")
             self._pending = (t, r)
             self._cv.notify_all()
@@ -188,19 +224,32 @@ class TrainingProcess:
 
     # ----------------------------------------------------------------------------------- status
     def estimate(self) -> Estimate:
-        """Progress and remaining iterations/time now."""
-        reached = isinstance(self.decision, Firing) and self.decision.success
+        """Progress and remaining iterations/time now (100 % once the process ended with its request met)."""
+        reached = self.report is not None and self.report.cause == Cause.CRITERION_MET
         return self.estimator.estimate(self.n, self.elapsed_s, reached=reached)
 
     def progress_status(self) -> dict[str, Any]:
-        """TS 28.105 ``ProcessMonitor`` of this process."""
+        """Live status: the TS 28.105 ``ProcessMonitor`` fields (``status``, ``progressPercentage``,
+        ``progressStateInfo``, ``resultStateInfo``) plus iterations done, active training time, the latest
+        metrics, progress and the current estimates of what remains (JSON-ready)."""
         e = self.estimate()
-        return {
+        return json_ready({
             "status": self.state.value,
             "progressPercentage": None if e.progress_percent is None else int(e.progress_percent),
             "progressStateInfo": {"RUNNING": "TRAINING"}.get(self.state.value, self.state.value),
-            "resultStateInfo": self.report.cause.value if self.report else "",
-        }
+            "resultStateInfo": self.report.cause.value if self.report else (
+                INADEQUATE if self.state == ProcessState.AWAITING_DATA else ""),
+            "iterations": self.n,
+            "elapsed_s": self.elapsed_s,
+            "metrics": dict(self.latest),
+            "progress_percent": e.progress_percent,
+            "estimated_remaining_iterations": e.remaining_iterations,
+            "estimated_remaining_s": e.remaining_s,
+            "estimate_note": e.note,
+            "bytes_up": self.bytes_up,
+            "bytes_down": self.bytes_down,
+            "data_refused": list(self.data_refused),
+        })
 
     # ----------------------------------------------------------------------------------- internals
     def _check_resources(self) -> None:
@@ -216,13 +265,14 @@ class TrainingProcess:
 
     def _make_estimator(self) -> Estimator:
         t, r = self.termination, self.requirements
-        goal = goal_of(t, r, self.monitor.error_metric)
+        specs = self.monitor.specs
+        goal = goal_of(t, r, self.monitor.error_metric, specs)
         times = [x for x in (t.training_time_s, r.max_training_time_s if r else None) if x]
         est = Estimator(
             metric=goal[0] if goal else None, target=goal[1] if goal else None,
             mode=goal[2] if goal else "max", patience=goal[3] if goal else 1, iteration_budget=t.iterations,
             time_budget_s=min(times) if times else None,
-            bounds=metric_range(goal[0]) if goal else (None, None),
+            bounds=(specs[goal[0]].low, specs[goal[0]].high) if goal else (None, None),
         )
         for n, metrics, secs in getattr(self, "history", []):
             est.add(n, metrics, secs)
@@ -238,7 +288,7 @@ class TrainingProcess:
             pending, self._pending = self._pending, None
             data, self._data = self._data, []
         for d in data:
-            self.engine.add_data(d)
+            self._give_data(d, "add_data")
         if pending is None:
             return
         t, r = pending
@@ -253,42 +303,82 @@ class TrainingProcess:
         with self._cv:
             if not self._suspend or self._cancel:
                 return
-        self.engine.suspend()
+        self._engine_call(self.engine.suspend)
         self._set_state(ProcessState.SUSPENDED)
         t0 = self.clock()
         with self._cv:
             while self._suspend and not self._cancel:
                 self._cv.wait(0.5)
         self._paused += self.clock() - t0
-        self.engine.resume()
+        self._engine_call(self.engine.resume)
         self._set_state(ProcessState.RUNNING)
 
-    def _take_data(self, interim: TrainingReport, asked: bool) -> Any:
+    def _engine_call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on the engine; an error it raises becomes :class:`_EngineFailed`."""
+        try:
+            return fn(*args)
+        except Exception as exc:
+            raise _EngineFailed(exc) from exc
+
+    def _give_data(self, data: Any, source: str) -> bool:
+        """Hand ``data`` to the engine after its ``check_data``; a :class:`DataError` refuses it: the reason
+        is recorded in :attr:`data_refused` and False returned."""
+        check = getattr(self.engine, "check_data", None)
+        try:
+            if check is not None:
+                check(data)
+            self.engine.add_data(data)
+        except DataError as exc:
+            self.data_refused.append(f"{source}: {exc}")
+            return False
+        except Exception as exc:
+            raise _EngineFailed(exc) from exc
+        return True
+
+    def _take_data(self, interim: TrainingReport, asked: bool) -> bool | None:
+        """Hand the engine the next data on offer: True = taken, False = refused, None = none on offer."""
         with self._cv:
-            if self._data:
-                return self._data.pop(0)
-        if self.inbox is not None:
-            got = _inbox.take(self.inbox)
-            if got is not None:
-                return self.inbox_adapter(got) if self.inbox_adapter else got
+            data = self._data.pop(0) if self._data else None
+        if data is not None:
+            return self._give_data(data, "add_data")
+        f = _inbox.oldest(self.inbox) if self.inbox is not None else None
+        if f is not None:
+            try:
+                got = _inbox.load_arrays(f)
+                got = self.inbox_adapter(got) if self.inbox_adapter else got
+            except DataError as exc:
+                self.data_refused.append(f"inbox {f.name}: {exc}")
+                _inbox.settle(f, str(exc))
+                return False
+            taken = self._give_data(got, f"inbox {f.name}")
+            _inbox.settle(f, None if taken else self.data_refused[-1])
+            return taken
         if self.data_provider is not None and not asked:
-            return self.data_provider(interim)
+            data = self.data_provider(interim)
+            if data is not None:
+                return self._give_data(data, "data provider")
         return None
 
     def _await_data(self, event: IterationEvent) -> bool:
-        """AWAITING_DATA: wait for :meth:`add_data`, the inbox or the data provider; True = data came."""
+        """AWAITING_DATA: wait for :meth:`add_data`, the inbox or the data provider; True = data came.
+        Data the engine refuses is recorded and the wait goes on."""
         interim = self._report(Cause.INADEQUATE_TRAINING_DATA, event.detail or "the engine needs more data",
                                ProcessState.AWAITING_DATA)
-        self.engine.suspend()
+        self._engine_call(self.engine.suspend)
         self._set_state(ProcessState.AWAITING_DATA, interim)
         t0 = self.clock()
         deadline = time.monotonic() + self.termination.data_wait_s
         asked = False
-        data = None
+        taken = False
         while True:
-            data = self._take_data(interim, asked)
+            got = self._take_data(interim, asked)
             asked = True
-            if data is not None or self._cancel:
+            if got is not None:
+                taken = got
+                if taken:
+                    break
+                continue
+            if self._cancel:
                 break
             left = deadline - time.monotonic()
             if left <= 0:
@@ -296,92 +386,90 @@ class TrainingProcess:
             with self._cv:
                 self._cv.wait(min(0.2, left))
         self._paused += self.clock() - t0
-        if data is None:
+        if not taken:
             return False
-        self.engine.add_data(data)
-        self.engine.resume()
+        self._engine_call(self.engine.resume)
         self.awaited += 1
         self._set_state(ProcessState.RUNNING)
         return True
 
     def _preflight(self) -> Feasibility:
-        r = self.requirements
-        eng = self.engine
-        if r is None:
-            return Feasibility.ok()
-        check_layers(r, getattr(eng, "num_layers", None) if r.layers is not None else None)
-        verdict = check_data(r, getattr(eng, "num_samples", None))
-        if not verdict.feasible:
-            return verdict
-        if r.layers is not None:
-            if not hasattr(eng, "set_trainable_layers"):
-                raise ConfigError(
-                    f"{type(eng).__name__} cannot restrict training to the last {r.layers} layers"
-                )
-            eng.set_trainable_layers(r.layers)
-        if verdict.samples_to_use is not None and hasattr(eng, "limit_samples"):
-            eng.limit_samples(verdict.samples_to_use)
-        if r.max_training_time_s is not None and hasattr(eng, "probe"):
-            spi = float(eng.probe(self.probe_iterations))
-            return check_compute(r, spi, self._expected_iterations())
-        return Feasibility.ok()
+        can_wait = self.termination.data_wait_s > 0 or self.data_provider is not None
+        return preflight(self.engine, self.requirements, self._expected_iterations(), self.probe_iterations,
+                         wait_for_data=can_wait)
 
     def _expected_iterations(self) -> int | None:
         if self.expected_iterations is not None:
             return self.expected_iterations
-        if goal_of(self.termination, self.requirements, self.monitor.error_metric) is None:
+        if goal_of(self.termination, self.requirements, self.monitor.error_metric, self.monitor.specs) is None:
             return self.termination.iterations
         return None
 
-    def _validate_metrics(self) -> None:
-        names = getattr(self.engine, "metric_names", None)
-        if names is None:
-            return
-        unknown = sorted(self.monitor.metrics_watched - set(names))
-        if unknown:
-            raise ConfigError(
-                f"criteria refer to metrics {unknown} that {type(self.engine).__name__} does not "
-                f"report; it reports: {', '.join(sorted(names))}"
-            )
-
     def _report(self, cause: Cause, detail: str, state: ProcessState, firing: Firing | None = None,
                 model_path: str | None = None) -> TrainingReport:
-        reached = firing is not None and firing.success and cause == Cause.CRITERION_MET
-        e = self.estimator.estimate(self.n, self.elapsed_s, reached=reached)
+        e = self.estimator.estimate(self.n, self.elapsed_s, reached=cause == Cause.CRITERION_MET)
         return TrainingReport(
             cause=cause, status=state, criterion=firing, detail=detail, model=self.model,
-            performance=dict(self.latest),
-            requirements_met=self.requirements.met_by(self.latest) if self.requirements else None,
+            performance=dict(self.latest), termination=self.termination, requirements=self.requirements,
+            requirements_met=self._requirements_met(),
             duration_s=self.elapsed_s, iterations=self.n, progress_percent=e.progress_percent,
             estimated_remaining_s=e.remaining_s, estimated_remaining_iterations=e.remaining_iterations,
             estimate_note=e.note, model_path=model_path, bytes_up=self.bytes_up, bytes_down=self.bytes_down,
-            resources_peak=dict(self.peak), awaited_data=self.awaited,
+            resources_peak=dict(self.peak), awaited_data=self.awaited, data_refused=list(self.data_refused),
         )
+
+    def _requirements_met(self) -> bool | None:
+        return self.requirements.met_by(self.latest, self.monitor.specs) if self.requirements else None
+
+    def _cause_of(self, d: Firing) -> tuple[Cause, str]:
+        """The cause when rule ``d`` ended training (see the module docstring)."""
+        r = self.requirements
+        if r is not None and self._requirements_met() is False:
+            unmet = ", ".join(f"{k} {self.latest.get(k, float('nan')):.4g} (needs {v:g})"
+                              for k, v in r.performance.items())
+            return Cause.PERFORMANCE_NOT_MET, f"{d.rule} ended training; performance requirement not met: {unmet}"
+        if d.success or not self.termination.defines_result():
+            return Cause.CRITERION_MET, f"{d.rule} met at iteration {self.n}"
+        goal = goal_of(self.termination, None, self.monitor.error_metric, self.monitor.specs)
+        where = ""
+        if goal is not None:
+            got = self.latest.get(goal[0])
+            where = f": {goal[0]} is {'n/a' if got is None else f'{got:.4g}'}, the target {goal[1]:g}"
+        return Cause.BUDGET_EXHAUSTED, (f"{d.rule} ended training at iteration {self.n} before the result "
+                                        f"was reached{where}")
 
     def _finish(self, cause: Cause, detail: str, firing: Firing | None = None) -> TrainingReport:
         model_path = None
         if self.save_path and self.n > 0 and cause not in (
             Cause.DIVERGED, Cause.INSUFFICIENT_COMPUTE, Cause.INSUFFICIENT_TRAINING_SAMPLES
         ):
-            model_path = str(self.engine.save(self.save_path))
-        state = {Cause.CRITERION_MET: ProcessState.FINISHED, Cause.CANCELLED: ProcessState.CANCELLED}.get(
-            cause, ProcessState.FAILED
-        )
+            try:
+                model_path = str(self.engine.save(self.save_path))
+            except Exception as exc:
+                if cause != Cause.ENGINE_FAILURE:
+                    raise
+                detail += f"; the model so far could not be saved: {type(exc).__name__}: {exc}"
+        state = _STATE.get(cause, ProcessState.FAILED)
         self.report = self._report(cause, detail, state, firing, model_path)
         self._set_state(state, self.report)
         return self.report
 
     # ----------------------------------------------------------------------------------- run
     def run(self) -> TrainingReport:
-        """Train until a criterion fires, an anomaly occurs or the process is cancelled; return the report."""
+        """Train until a criterion fires, an anomaly occurs, the engine fails or the process is cancelled;
+        return the report. Errors before training (engine start, preflight) are raised; an error the engine
+        raises during training ends the process with cause ``ENGINE_FAILURE``."""
         if self.state != ProcessState.NOT_STARTED:
             raise ConfigError(f"this training process already ran (state {self.state.value})")
-        self._validate_metrics()
         self.engine.start()
         try:
             return self._run()
         finally:
-            self.engine.stop()
+            try:
+                self.engine.stop()
+            except Exception:
+                if self.report is None or self.report.cause != Cause.ENGINE_FAILURE:
+                    raise
 
     def _run(self) -> TrainingReport:
         verdict = self._preflight()
@@ -389,6 +477,17 @@ class TrainingProcess:
             assert verdict.cause is not None
             return self._finish(verdict.cause, verdict.detail)
         self._set_state(ProcessState.RUNNING)
+        try:
+            return self._train()
+        except _EngineFailed as exc:
+            err = exc.error
+            return self._finish(Cause.ENGINE_FAILURE, f"the engine failed at iteration {self.n + 1}: "
+                                f"{type(err).__name__}: {err}")
+
+    def _train(self) -> TrainingReport:
+        evaluate = getattr(self.engine, "evaluate", None)
+        if evaluate is not None:  # the untrained model's losses: what divergence_factor compares with
+            self.monitor.set_reference(self._engine_call(evaluate))
         t_start = self.clock()
         self._paused = 0.0
         probe_pending = (
@@ -401,7 +500,7 @@ class TrainingProcess:
             if self._cancel:
                 return self._finish(Cause.CANCELLED, f"cancelled after {self.n} iterations")
             t0 = self.clock()
-            event = self.engine.iterate()
+            event = self._engine_call(self.engine.iterate)
             dt = self.clock() - t0
             self.bytes_up += int(event.bytes_up)
             self.bytes_down += int(event.bytes_down)
@@ -442,13 +541,8 @@ class TrainingProcess:
             if isinstance(d, Anomaly):
                 return self._finish(d.cause, d.detail)
             if isinstance(d, Firing):
-                met = self.requirements.met_by(self.latest) if self.requirements else None
-                if met is False:
-                    unmet = ", ".join(f"{k} {self.latest.get(k, float('nan')):.4g} (needs {v:g})"
-                                      for k, v in self.requirements.performance.items())  # type: ignore[union-attr]
-                    why = f"{d.rule} ended training; performance requirement not met: {unmet}"
-                    return self._finish(Cause.PERFORMANCE_NOT_MET, why, d)
-                return self._finish(Cause.CRITERION_MET, f"{d.rule} met at iteration {self.n}", d)
+                cause, why = self._cause_of(d)
+                return self._finish(cause, why, d)
             if probe_pending and self.n >= self.probe_iterations:
                 probe_pending = False
                 assert self.requirements is not None

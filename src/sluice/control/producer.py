@@ -12,9 +12,16 @@ Deciding parameters (T2 b/c) from requirements, model type and history:
 * training time = the requirement's maximum training time;
 * a plateau guard on the goal metric (``plateau_patience`` checks without improvement).
 
-Triggers (T7): a consumer request (:meth:`Producer.request`), consumer feedback below a threshold
-(:meth:`Producer.feedback`) and updated training data (:meth:`Producer.data_updated`); each answer says
-whether the request was accepted.
+Triggers (T7): a consumer request (:meth:`Producer.start`, or :meth:`Producer.request` to wait for the
+report), consumer feedback below a threshold (:meth:`Producer.feedback`) and updated training data
+(:meth:`Producer.data_updated`); each answer says whether the request was accepted.
+
+:meth:`Producer.start` negotiates, judges feasibility (:func:`sluice.control.feasibility.preflight`) and
+returns a :class:`~sluice.control.handles.ProcessHandle` at once, training in the background; a refused
+request raises :class:`RequestRefused` carrying the answer. Every process is kept in the producer's
+:class:`~sluice.control.handles.ProcessRegistry`. One model trains in one process at a time: its engine
+is shared by its runs, so a request for a model in training is refused (new data for it goes to the
+running process).
 """
 
 from __future__ import annotations
@@ -27,7 +34,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from sluice.control.feasibility import Feasibility, check_compute, check_data, check_layers
+from sluice.control import threegpp
+from sluice.control.feasibility import Feasibility, preflight
+from sluice.control.handles import ProcessHandle, ProcessRegistry
 from sluice.control.monitor import effective_error_metric
 from sluice.control.negotiation import Agreement, DecidedBy, Proposal, Review, negotiate
 from sluice.control.params import (
@@ -37,9 +46,9 @@ from sluice.control.params import (
     Requirements,
     Section,
     Termination,
-    metric_mode,
     normalise_model_type,
     resolve_metric,
+    spec_of,
 )
 from sluice.control.process import TrainingProcess, goal_of
 from sluice.control.report import TrainingReport
@@ -140,14 +149,21 @@ class RequestResponse(BaseModel):
     agreement: Agreement | None = None
     report: TrainingReport | None = None
 
+    process_id: str | None = None
+
     @property
     def request_status(self) -> str:
         """TS 28.105 ``RequestStatus`` of the request."""
-        if not self.accepted:
-            return "CANCELLED"
-        if self.report is None:
-            return "NOT_STARTED"
-        return "CANCELLED" if self.report.status == ProcessState.CANCELLED else "FINISHED"
+        return threegpp.request_status(self.accepted, self.report.status if self.report else None)
+
+
+class RequestRefused(NegotiationError):
+    """A request the producer did not accept; :attr:`response` says why (with a report when feasibility
+    failed)."""
+
+    def __init__(self, response: RequestResponse) -> None:
+        super().__init__(f"{response.producer} refused the request: {response.reason}")
+        self.response = response
 
 
 class Producer:
@@ -160,16 +176,19 @@ class Producer:
         policy: ProducerPolicy | None = None,
         history: RunHistory | None = None,
         save_dir: str | Path | None = None,
+        processes: ProcessRegistry | None = None,
     ) -> None:
         self.name = name
         self.engine_factory = engine_factory
         self.policy = policy or ProducerPolicy()
         self.history = history or RunHistory()
         self.save_dir = None if save_dir is None else Path(save_dir)
+        self.processes = processes if processes is not None else ProcessRegistry()
         self.engines: dict[str, Engine] = {}
         self.models: dict[str, ModelIdentity] = {}
         self.agreements: dict[str, tuple[Termination, Requirements | None]] = {}
-        self._lock = threading.Lock()
+        self._busy: dict[str, ProcessHandle | None] = {}  # model id → its running process (None: reserved)
+        self._lock = threading.RLock()
 
     # ------------------------------------------------------------------ engines
     def engine_for(self, model: ModelIdentity, requirements: Requirements | None = None) -> Engine:
@@ -218,8 +237,12 @@ class Producer:
 
     # ------------------------------------------------------------------ R3: feasibility
     def assess(self, model: ModelIdentity, requirements: Requirements | None,
-               termination: Termination | None = None, probe_iterations: int = 2) -> Feasibility:
-        """Judge before training whether the requirements can be met here (refuse early if not)."""
+               termination: Termination | None = None, probe_iterations: int = 2,
+               wait_for_data: bool | None = None) -> Feasibility:
+        """Judge before training whether the requirements can be met here (refuse early if not); the
+        model's engine is set up for them (:func:`sluice.control.feasibility.preflight`). Too few samples
+        are awaited instead of refused when ``wait_for_data`` (default: the termination parameters wait
+        for data, ``data_wait_s > 0``)."""
         if self.policy.supported_types is not None and model.type not in self.policy.supported_types:
             raise NegotiationError(f"{self.name} does not train models of type {model.type}; it serves "
                                    f"{', '.join(self.policy.supported_types)}")
@@ -227,19 +250,124 @@ class Producer:
             return Feasibility.ok()
         eng = self.engine_for(model, requirements)
         eng.start()
-        check_layers(requirements, getattr(eng, "num_layers", None) if requirements.layers else None)
-        v = check_data(requirements, getattr(eng, "num_samples", None))
-        if not v.feasible or requirements.max_training_time_s is None or not hasattr(eng, "probe"):
-            return v
-        spi = float(eng.probe(probe_iterations))
+        if wait_for_data is None:
+            wait_for_data = termination is not None and termination.data_wait_s > 0
+        return preflight(eng, requirements, self._expected_iterations(model, termination, requirements),
+                         probe_iterations, wait_for_data=wait_for_data)
+
+    def _expected_iterations(self, model: ModelIdentity, termination: Termination | None,
+                             requirements: Requirements | None) -> int | None:
+        """Iterations a past run of the model (or type) needed, else the iteration budget when the
+        parameters aim at no result."""
         expected, _ = self.history.iterations_needed(model)
         if expected is None and termination is not None and goal_of(
             termination, requirements, effective_error_metric(termination, model)
         ) is None:
             expected = termination.iterations
-        return check_compute(requirements, spi, expected)
+        return expected
 
-    # ------------------------------------------------------------------ training
+    # ------------------------------------------------------------------ processes
+    def start(self, req: TrainingRequest, review: Review | None = None, **kwargs: Any) -> ProcessHandle:
+        """A consumer's training request: negotiate, check feasibility and start training in the background.
+
+        Returns the running process's handle at once (also in :attr:`processes`); raises
+        :class:`RequestRefused` when the request is not accepted. Keyword arguments go to
+        :class:`TrainingProcess` (``on_event``, ``data_provider``...).
+        """
+        self._reserve(req.model)
+        try:
+            try:
+                agreement = negotiate(self, req.model, req.requirements, mode=req.decided_by,
+                                      termination=req.termination, review=review)
+                can_wait = agreement.termination.data_wait_s > 0 or kwargs.get("data_provider") is not None
+                verdict = self.assess(req.model, req.requirements, agreement.termination, wait_for_data=can_wait)
+                if verdict.feasible:
+                    return self._launch(req.model, agreement.termination, req.requirements, "CONSUMER_REQUEST",
+                                        agreement, **kwargs)
+            except RequestRefused:
+                raise
+            except SluiceError as exc:
+                raise RequestRefused(RequestResponse(producer=self.name, accepted=False, reason=str(exc))) from exc
+            assert verdict.cause is not None
+            report = TrainingReport(cause=verdict.cause, status=ProcessState.FAILED, detail=verdict.detail,
+                                    model=req.model)
+            raise RequestRefused(RequestResponse(
+                producer=self.name, accepted=False, reason=f"{verdict.cause}: {verdict.detail}",
+                agreement=agreement, report=report,
+            ))
+        except BaseException:
+            self._release(req.model.id)
+            raise
+
+    def process(self, process_id: str) -> ProcessHandle:
+        """The process with this id (:class:`~sluice.control.handles.UnknownProcessError` if none)."""
+        return self.processes.get(process_id)
+
+    def answer(self, handle: ProcessHandle, reason: str = "trained") -> RequestResponse:
+        """Wait for ``handle`` to end and answer with its report; re-raises the error of a run that raised."""
+        report = handle.wait()
+        if handle.error is not None:
+            raise handle.error
+        return RequestResponse(producer=self.name, accepted=True, reason=reason,
+                               trigger=handle.trigger,  # type: ignore[arg-type]
+                               agreement=handle.agreement, report=report, process_id=handle.id)
+
+    def _reserve(self, model: ModelIdentity) -> None:
+        with self._lock:
+            if model.id in self._busy:
+                h = self._busy[model.id]
+                which = f"process {h.id}" if h is not None else "another request"
+                raise RequestRefused(RequestResponse(
+                    producer=self.name, accepted=False,
+                    reason=f"model {model.id!r} is being trained by {which}; wait for it or cancel it",
+                ))
+            self._busy[model.id] = None
+
+    def _release(self, model_id: str) -> None:
+        with self._lock:
+            self._busy.pop(model_id, None)
+
+    def _start_reserved(self, model: ModelIdentity, termination: Termination,
+                        requirements: Requirements | None, trigger: Trigger, **kwargs: Any) -> ProcessHandle:
+        self._reserve(model)
+        try:
+            return self._launch(model, termination, requirements, trigger, **kwargs)
+        except BaseException:
+            self._release(model.id)
+            raise
+
+    def _launch(self, model: ModelIdentity, termination: Termination, requirements: Requirements | None,
+                trigger: Trigger, agreement: Agreement | None = None, **kwargs: Any) -> ProcessHandle:
+        """Start a process for ``model`` (reserved by the caller); the run goes into the history."""
+        eng = self.engine_for(model, requirements)
+        save = None
+        if self.save_dir is not None:
+            save = self.save_dir / f"{model.id}-v{model.version}.pt"
+        kwargs.setdefault("expected_iterations", self.history.iterations_needed(model)[0])
+        proc = TrainingProcess(eng, termination, requirements, model, save_path=save, **kwargs)  # checks the metrics
+        handle = ProcessHandle(proc, trigger=trigger, agreement=agreement, on_done=self._done)
+        with self._lock:
+            self._busy[model.id] = handle
+            self.processes.add(handle)
+        return handle.start()
+
+    def _done(self, handle: ProcessHandle) -> None:
+        report = handle.report
+        assert report is not None
+        model = handle.model
+        with self._lock:
+            try:
+                self.models[model.id] = model
+                self.agreements[model.id] = (handle.process.termination, handle.process.requirements)
+                self.history.add(RunRecord(
+                    model_id=model.id, model_type=model.type, version=model.version, cause=report.cause,
+                    fired=report.fired, iterations=report.iterations, duration_s=report.duration_s,
+                    performance=report.performance, trigger=handle.trigger,
+                ))
+            finally:
+                self._busy.pop(model.id, None)
+
+    # ------------------------------------------------------------------ blocking forms
     def train(
         self,
         model: ModelIdentity,
@@ -249,48 +377,29 @@ class Producer:
         trigger: Trigger = "CONSUMER_REQUEST",
         **kwargs: Any,
     ) -> TrainingReport:
-        """Train ``model`` with agreed parameters; the run goes into the history."""
-        eng = self.engine_for(model, requirements)
-        save = None
-        if self.save_dir is not None:
-            save = self.save_dir / f"{model.id}-v{model.version}.pt"
-        expected, _ = self.history.iterations_needed(model)
-        kwargs.setdefault("expected_iterations", expected)
-        report = TrainingProcess(eng, termination, requirements, model, save_path=save, **kwargs).run()
-        self.models[model.id] = model
-        self.agreements[model.id] = (termination, requirements)
-        self.history.add(RunRecord(
-            model_id=model.id, model_type=model.type, version=model.version, cause=report.cause,
-            fired=report.fired, iterations=report.iterations, duration_s=report.duration_s,
-            performance=report.performance, trigger=trigger,
-        ))
+        """Train ``model`` with agreed parameters and wait for the report; the run goes into the history."""
+        handle = self._start_reserved(model, termination, requirements, trigger, **kwargs)
+        report = self.answer(handle).report
+        assert report is not None
         return report
 
-    # ------------------------------------------------------------------ T7: triggers
     def request(self, req: TrainingRequest, review: Review | None = None, **kwargs: Any) -> RequestResponse:
-        """A consumer's training request: negotiate, check feasibility, train; say whether accepted."""
+        """:meth:`start`, then wait for the report; the answer says whether the request was accepted."""
         try:
-            agreement = negotiate(self, req.model, req.requirements, mode=req.decided_by,
-                                  termination=req.termination, review=review)
-            verdict = self.assess(req.model, req.requirements, agreement.termination)
-        except SluiceError as exc:
-            return RequestResponse(producer=self.name, accepted=False, reason=str(exc))
-        if not verdict.feasible:
-            assert verdict.cause is not None
-            report = TrainingReport(cause=verdict.cause, status=ProcessState.FAILED, detail=verdict.detail,
-                                    model=req.model)
-            reason = f"{verdict.cause}: {verdict.detail}"
-            return RequestResponse(producer=self.name, accepted=False, reason=reason, agreement=agreement,
-                                   report=report)
-        report = self.train(req.model, agreement.termination, req.requirements, **kwargs)
-        return RequestResponse(producer=self.name, accepted=True, reason="trained", agreement=agreement,
-                               report=report)
+            handle = self.start(req, review, **kwargs)
+        except RequestRefused as refused:
+            return refused.response
+        return self.answer(handle)
 
+    # ------------------------------------------------------------------ T7: triggers
     def _retrain(self, model_id: str, trigger: Trigger, why: str, **kwargs: Any) -> RequestResponse:
         model = self.models[model_id].next_version()
         termination, requirements = self.agreements[model_id]
-        report = self.train(model, termination, requirements, trigger=trigger, **kwargs)
-        return RequestResponse(producer=self.name, accepted=True, reason=why, trigger=trigger, report=report)
+        try:
+            handle = self._start_reserved(model, termination, requirements, trigger, **kwargs)
+        except RequestRefused as refused:
+            return refused.response.model_copy(update={"trigger": trigger})
+        return self.answer(handle, why)
 
     def feedback(self, model_id: str, metric: str, value: float, **kwargs: Any) -> RequestResponse:
         """Consumer feedback on a model in use; retrains (next version) when ``value`` is below the policy
@@ -304,7 +413,7 @@ class Producer:
             return RequestResponse(producer=self.name, accepted=False, trigger="CONSUMER_FEEDBACK",
                                    reason=f"no retraining threshold for {name}; the policy has "
                                    f"{sorted(self.policy.retrain_below)}")
-        bad = value < thr if metric_mode(name) == "max" else value > thr
+        bad = value < thr if spec_of(name).higher_is_better else value > thr
         if not bad:
             return RequestResponse(producer=self.name, accepted=False, trigger="CONSUMER_FEEDBACK",
                                    reason=f"{name} in use {value:g} meets threshold {thr:g}; no retraining")
@@ -312,8 +421,17 @@ class Producer:
         return self._retrain(model_id, "CONSUMER_FEEDBACK", why, **kwargs)
 
     def data_updated(self, model_id: str, data: Any, **kwargs: Any) -> RequestResponse:
-        """New training data for a model: the engine takes it and the model is retrained (next version)."""
-        if model_id not in self.models:
+        """New training data for a model: the engine takes it and the model is retrained (next version);
+        a model in training gets it in its running process instead."""
+        with self._lock:
+            running = self._busy.get(model_id)
+            known = model_id in self.models
+        if running is not None:
+            running.add_data(data)
+            return RequestResponse(producer=self.name, accepted=True, trigger="DATA_UPDATED",
+                                   reason=f"training data handed to running process {running.id}",
+                                   process_id=running.id)
+        if not known:
             return RequestResponse(producer=self.name, accepted=False, trigger="DATA_UPDATED",
                                    reason=f"{self.name} has not trained model {model_id!r}")
         self.engines[model_id].add_data(data)

@@ -4,6 +4,11 @@
 (from a list of metric dicts, :class:`IterationEvent` s, or the ``metrics.jsonl`` of a run directory).
 Its :attr:`clock` advances by each event's ``seconds``, so time criteria and estimates replay
 deterministically when the process is given ``clock=engine.clock``.
+
+``initial`` plays the metrics of the untrained model (:meth:`ReplayEngine.evaluate`). Like every engine
+it declares the metrics it reports (:attr:`ReplayEngine.metrics`): those of the stream
+that Sluice knows (:data:`sluice.metrics.KNOWN`), plus the specs passed as ``metrics`` for any other.
+A metric of the stream that is neither is replayed but cannot be a criterion.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from typing import Any
 
 from sluice.engine import IterationEvent
 from sluice.errors import DataError, TrainingError
+from sluice.metrics import KNOWN, MetricSpec
 
 _EVENT_KEYS = {"iteration", "round", "step", "bytes_up", "bytes_down", "cum_bytes_up", "cum_bytes_down",
                "seconds", "anomaly", "detail"}
@@ -52,7 +58,9 @@ def _event(i: int, item: Any, default_seconds: float) -> IterationEvent:
 class ReplayEngine:
     """Returns recorded events in order; ``add_data`` runs a callback (or is recorded) for data-loop tests."""
 
-    def __init__(self, records: Iterable[Any], seconds_per_iteration: float = 1.0) -> None:
+    def __init__(self, records: Iterable[Any], seconds_per_iteration: float = 1.0,
+                 metrics: Iterable[MetricSpec] = (), counts_bytes: bool = True,
+                 initial: Mapping[str, float] | None = None) -> None:
         self.events = [_event(i, r, seconds_per_iteration) for i, r in enumerate(records)]
         self.clock = ReplayClock()
         self.calls = 0
@@ -60,19 +68,28 @@ class ReplayEngine:
         self.suspended = False
         self.data: list[Any] = []
         self.saved: list[str] = []
+        names = {k for e in self.events for k in e.metrics}
+        self.metrics: dict[str, MetricSpec] = {n: KNOWN[n] for n in sorted(names) if n in KNOWN}
+        self.metrics.update({m.name: m for m in metrics})
+        self.counts_bytes = counts_bytes
+        self.initial = dict(initial or {})
 
     @classmethod
-    def from_run(cls, run_dir: str | Path) -> ReplayEngine:
-        """Replay the ``metrics.jsonl`` of a run directory."""
+    def from_run(cls, run_dir: str | Path, metrics: Iterable[MetricSpec] = ()) -> ReplayEngine:
+        """Replay the ``metrics.jsonl`` of a run directory (``metrics``: specs of metrics Sluice does not know)."""
         from sluice.runs import read_metrics
 
         path = Path(run_dir) / "metrics.jsonl"
         if not path.is_file():
             raise DataError(f"no metrics.jsonl in {run_dir}")
-        return cls(read_metrics(path))
+        return cls(read_metrics(path), metrics=metrics)
 
     def start(self) -> None:
         self.started = True
+
+    def evaluate(self) -> dict[str, float]:
+        """The metrics of the model before training, as given by ``initial`` (empty when not given)."""
+        return dict(self.initial)
 
     def iterate(self) -> IterationEvent:
         if self.suspended:

@@ -2,9 +2,12 @@
 
 :class:`TrainingReport` is the seed's "first message": the cause (a criterion met, naming it, or an
 anomaly / failure), the model identity, every performance metric, duration, iterations, progress and the
-estimated remaining duration and iterations, plus the trained model's path when one exists.
-:meth:`TrainingReport.to_3gpp` renders it as a TS 28.105 ``MLTrainingReport`` with the Sluice-specific
-fields in a ``VsDataContainer``.
+estimated remaining duration and iterations, plus the trained model's path when one exists, and the
+termination parameters and requirements in force when training ended.
+
+Success is ``CRITERION_MET`` only (:attr:`TrainingReport.ok`); a command exits with the status of
+:data:`EXIT_CODES` for the cause of its report.
+:func:`sluice.control.threegpp.training_report` renders it as a TS 28.105 ``MLTrainingReport``.
 """
 
 from __future__ import annotations
@@ -12,10 +15,23 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_serializer
 
 from sluice.control.monitor import Firing
-from sluice.control.params import Cause, ModelIdentity, ProcessState
+from sluice.control.params import Cause, ModelIdentity, ProcessState, Requirements, Termination
+
+EXIT_CODES: dict[Cause, int] = {
+    Cause.CRITERION_MET: 0,
+    Cause.BUDGET_EXHAUSTED: 3,
+    Cause.PERFORMANCE_NOT_MET: 4,
+    Cause.INADEQUATE_TRAINING_DATA: 5,
+    Cause.INSUFFICIENT_TRAINING_SAMPLES: 6,
+    Cause.INSUFFICIENT_COMPUTE: 7,
+    Cause.DIVERGED: 8,
+    Cause.ENGINE_FAILURE: 9,
+    Cause.CANCELLED: 130,
+}
+"""Exit status of a command whose training ended with each cause (2 is a usage or configuration error)."""
 
 
 class TrainingReport(BaseModel):
@@ -39,11 +55,24 @@ class TrainingReport(BaseModel):
     bytes_down: int = 0
     resources_peak: dict[str, float] = Field(default_factory=dict)
     awaited_data: int = Field(0, description="times training waited for more data (AWAITING_DATA)")
+    data_refused: list[str] = Field(default_factory=list, description="data the engine refused, and why")
+    termination: Termination | None = Field(None, description="the termination parameters in force")
+    requirements: Requirements | None = Field(None, description="the training requirements in force")
+
+    @field_serializer("termination", "requirements")
+    def _parameters(self, v: Termination | Requirements | None) -> dict[str, Any] | None:
+        return None if v is None else v.model_dump(mode="json", exclude_none=True)
 
     @property
     def ok(self) -> bool:
-        """True when a trained model that satisfies the request exists."""
+        """True when a trained model that satisfies the request exists (cause ``CRITERION_MET``); a run
+        whose budget ran out before its target (``BUDGET_EXHAUSTED``) is FINISHED but not ok."""
         return self.cause == Cause.CRITERION_MET
+
+    @property
+    def exit_code(self) -> int:
+        """The command's exit status for this report: 0 only on success (see :data:`EXIT_CODES`)."""
+        return EXIT_CODES[self.cause]
 
     @property
     def fired(self) -> str | None:
@@ -52,35 +81,7 @@ class TrainingReport(BaseModel):
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready dict (non-finite floats become null)."""
-        return _finite(self.model_dump(mode="json"))
-
-    def to_3gpp(self) -> dict[str, Any]:
-        """A TS 28.105 ``MLTrainingReport`` (attributes) with Sluice extensions in ``vsDataContainer``."""
-        perf = [
-            {"performanceMetric": k, "performanceScore": v}
-            for k, v in self.performance.items()
-            if math.isfinite(v)
-        ]
-        ext = self.to_json()
-        for k in ("performance", "model"):
-            ext.pop(k, None)
-        return {
-            "mLModelGeneratedRef": self.model_path,
-            "modelPerformanceTraining": [p for p in perf if p["performanceMetric"].startswith("train")],
-            "modelPerformanceValidation": [p for p in perf if not p["performanceMetric"].startswith("train")],
-            "mLModel": self.model.to_3gpp(),
-            "progressStatus": {
-                "status": self.status.value,
-                "progressPercentage": None if self.progress_percent is None else round(self.progress_percent),
-                "progressStateInfo": "TRAINING" if self.status == ProcessState.RUNNING else self.status.value,
-                "resultStateInfo": self.cause.value,
-            },
-            "vsDataContainer": {
-                "vsDataType": "sluice.TrainingReport",
-                "vsDataFormatVersion": "1",
-                "vsData": ext,
-            },
-        }
+        return json_ready(self.model_dump(mode="json"))
 
     def rows(self) -> list[tuple[str, str]]:
         """(field, value) pairs for printing as a table."""
@@ -101,6 +102,10 @@ class TrainingReport(BaseModel):
             rows.append((k, num(v)))
         if self.requirements_met is not None:
             rows.append(("requirements met", "yes" if self.requirements_met else "no"))
+        if self.termination is not None:
+            rows.append(("termination", brief(self.termination) or "none"))
+        if self.requirements is not None:
+            rows.append(("requirements", brief(self.requirements) or "none"))
         rows += [
             ("iterations", str(self.iterations)),
             ("duration", num(self.duration_s, ".2f", " s")),
@@ -112,17 +117,42 @@ class TrainingReport(BaseModel):
             rows.append(("estimate", self.estimate_note))
         if self.bytes_up or self.bytes_down:
             rows.append(("bytes up / down", f"{self.bytes_up:,} / {self.bytes_down:,}"))
+        for why in self.data_refused:
+            rows.append(("data refused", why))
         for k, v in sorted(self.resources_peak.items()):
             rows.append((f"peak {k}", num(v, ".4g")))
         rows.append(("model path", self.model_path or "none"))
         return rows
 
 
-def _finite(obj: Any) -> Any:
+def json_ready(obj: Any) -> Any:
+    """``obj`` with every non-finite float (in nested dicts and lists) replaced by None."""
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
+        return {k: json_ready(v) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_finite(v) for v in obj]
+        return [json_ready(v) for v in obj]
     return obj
+
+
+def brief(section: BaseModel) -> str:
+    """The values of ``section`` that differ from their defaults, as ``key=value`` pairs
+    (``performance.test_accuracy=0.9; iterations=50``); a criterion given only by its threshold shows as
+    the threshold."""
+    pairs: list[str] = []
+
+    def walk(prefix: str, v: Any) -> None:
+        if isinstance(v, dict) and set(v) == {"threshold"}:
+            v = v["threshold"]
+        if isinstance(v, dict):
+            for k, x in v.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), x)
+        elif isinstance(v, list):
+            for i, x in enumerate(v):
+                walk(f"{prefix}[{i}]", x)
+        else:
+            pairs.append(f"{prefix}={v:g}" if isinstance(v, float) else f"{prefix}={v}")
+
+    walk("", section.model_dump(mode="json", exclude_none=True, exclude_defaults=True))
+    return "; ".join(pairs)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import sys
 
-from sluice.config import DataConfig, load_config
+from sluice.config import load_config
+from sluice.data.config import DataConfig
 from sluice.data.federated import load_federated
 from sluice.errors import SluiceError
 

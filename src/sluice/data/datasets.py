@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from functools import cache
 
 import numpy as np
-from sklearn.model_selection import train_test_split
 
 from sluice.data._checks import check_fraction, check_seed
 from sluice.errors import DataError
@@ -88,6 +87,8 @@ def load_dataset(name: str, *, seed: int = 0, test_fraction: float = 0.2) -> Dat
     ``seed`` gives the same split. ``test_fraction`` is the share of samples held out for testing.
     Raises :class:`DataError` for an unknown name or a split that cannot be stratified.
     """
+    from sklearn.model_selection import train_test_split
+
     if name not in _LOADERS:
         raise DataError(f"unknown dataset {name!r}; allowed: {', '.join(DATASET_NAMES)}")
     seed = check_seed(seed)

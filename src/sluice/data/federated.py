@@ -12,7 +12,7 @@ from sluice.data.partition import partition
 from sluice.data.synthetic import synthetic
 
 if TYPE_CHECKING:
-    from sluice.config import DataConfig
+    from sluice.data.config import DataConfig
 
 
 @dataclass
@@ -53,7 +53,7 @@ def load_federated(cfg: DataConfig, seed: int) -> FederatedData:
 
     For the embedded datasets the train/test split uses ``cfg.test_fraction`` and the partition uses
     ``cfg.partition`` (with ``cfg.alpha`` or ``cfg.shards_per_client``); both are seeded by ``seed``.
-    For ``synthetic`` the devices are generated with Synthetic(``cfg.synthetic_alpha``,
+    For ``synthetic`` the clients are generated with Synthetic(``cfg.synthetic_alpha``,
     ``cfg.synthetic_beta``) and ``cfg.partition`` is ignored: the split is inherent to the generator.
     Raises :class:`sluice.errors.DataError` when the data cannot be built as configured.
     """

@@ -1,6 +1,7 @@
 """The FedProx Synthetic(alpha, beta) generator.
 
-Li et al. 2020, "Federated Optimization in Heterogeneous Networks", section 5.1. For device ``k``:
+Li et al. 2020, "Federated Optimization in Heterogeneous Networks", section 5.1
+(its "devices" are Sluice's clients). For client ``k``:
 
 * model skew: ``u_k ~ N(0, alpha)``, ``W_k[j, c] ~ N(u_k, 1)`` (``d x C``), ``b_k[c] ~ N(u_k, 1)``;
 * data skew: ``B_k ~ N(0, beta)``, ``v_k[j] ~ N(B_k, 1)``, ``x ~ N(v_k, Sigma)`` with ``Sigma`` diagonal,
@@ -10,7 +11,7 @@ Li et al. 2020, "Federated Optimization in Heterogeneous Networks", section 5.1.
 
 As in the authors' released generator, ``alpha`` and ``beta`` are the standard deviations of the
 normal laws written ``N(0, alpha)`` and ``N(0, beta)``; ``alpha = beta = 0`` still leaves every
-device with its own ``W_k, b_k, v_k`` (drawn around 0).
+client with its own ``W_k, b_k, v_k`` (drawn around 0).
 """
 
 from __future__ import annotations
@@ -39,12 +40,12 @@ def synthetic(
     num_classes: int = 10,
     test_fraction: float = 0.2,
 ) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray, np.ndarray]:
-    """Generate Synthetic(alpha, beta) for ``num_clients`` devices.
+    """Generate Synthetic(alpha, beta) for ``num_clients`` clients.
 
-    Each device's ``n_k`` samples are split into a train part and a held-out part of
+    Each client's ``n_k`` samples are split into a train part and a held-out part of
     ``max(1, round(test_fraction * n_k))`` samples. Returns ``(clients, X_test, y_test)``: ``clients[k]``
-    is device ``k``'s ``(X, y)`` train set (float32 ``(n, d)``, int64 ``(n,)``); the test set pools all
-    held-out parts in device order. The same arguments and ``seed`` give the same numbers.
+    is client ``k``'s ``(X, y)`` train set (float32 ``(n, d)``, int64 ``(n,)``); the test set pools all
+    held-out parts in client order. The same arguments and ``seed`` give the same numbers.
     """
     alpha = _check_std("synthetic alpha", alpha)
     beta = _check_std("synthetic beta", beta)

@@ -1,4 +1,13 @@
-"""Terminal side of horizontal FL: local training from the model it holds, then the update Δ."""
+"""Client half of horizontal FL: server bytes + local data → upload bytes (SPEC C1, C4).
+
+A :class:`Client` holds one client's state: the model it holds (θ after its last downlink message; the
+initial model θ_0 before any), in the ``initial`` and ``anchor`` downlink modes the model that patches
+apply to (θ_0, or its copy of the last anchor), and its uplink compressor's state. Each round it is in,
+it rebuilds the server model from the downlink message, trains locally from it and uploads its
+compressed update Δ = θ_local − θ. Every seed it needs comes from (config seed ``s``, round ``t``, client
+id ``c``): the batch order from ``s·1000003 + t·1009 + c`` and the compressor's randomness from
+``numpy.random.default_rng([s, t, c])``. The round travels beside the bytes, never inside them.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +15,27 @@ import numpy as np
 import torch
 from torch import nn
 
-from sluice.models import get_flat, set_flat
+from sluice.compress import make_uplink
+from sluice.errors import ConfigError, WireError
+from sluice.hfl.config import HFLConfig
+from sluice.hfl.downlink import apply_message
+from sluice.hfl.state import field, pack, unpack
+from sluice.models import get_flat, mlp, set_flat
+
+
+def build_model(cfg: HFLConfig, num_features: int, num_classes: int) -> nn.Module:
+    """The model of the federation, initialised from ``cfg.seed``: its flat parameters are θ_0."""
+    return mlp(num_features, list(cfg.model.hidden), num_classes, seed=cfg.seed)
+
+
+def _freeze(model: nn.Module, trainable: int | None) -> list[nn.Parameter]:
+    """Let only the last ``trainable`` linear layers (all when None) have gradients; return those params."""
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    keep = len(linears) if trainable is None else trainable
+    for i, lin in enumerate(linears):
+        for p in lin.parameters():
+            p.requires_grad_(i >= len(linears) - keep)
+    return [p for p in model.parameters() if p.requires_grad]
 
 
 def local_train(
@@ -19,17 +48,20 @@ def local_train(
     batch_size: int,
     lr: float,
     seed: int,
+    trainable: int | None = None,
 ) -> tuple[np.ndarray, float]:
     """Train ``model`` from ``params`` with plain SGD on (X, y); return (Δ = θ_local − θ, mean loss).
 
     ``model`` is a scratch module whose parameters are overwritten; batches are shuffled with ``seed``.
+    With ``trainable = l`` only the last ``l`` linear layers learn: the others are frozen and their
+    coordinates of Δ are exactly zero.
     """
     set_flat(model, params)
     model.train()
     gen = torch.Generator().manual_seed(seed)
     Xt = torch.from_numpy(X)
     yt = torch.from_numpy(y)
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    opt = torch.optim.SGD(_freeze(model, trainable), lr=lr)
     loss_fn = nn.CrossEntropyLoss()
     n = len(yt)
     total, count = 0.0, 0
@@ -47,27 +79,92 @@ def local_train(
     return delta, total / max(count, 1)
 
 
-@torch.no_grad()
-def evaluate(model: nn.Module, params: np.ndarray, X: np.ndarray, y: np.ndarray, num_classes: int) -> dict:
-    """Loss, accuracy and macro precision / recall / F1 of ``params`` on (X, y)."""
-    set_flat(model, params)
-    model.eval()
-    logits = model(torch.from_numpy(X))
-    yt = torch.from_numpy(y)
-    loss = float(nn.functional.cross_entropy(logits, yt))
-    pred = logits.argmax(1).numpy()
-    conf = np.zeros((num_classes, num_classes), dtype=np.int64)
-    np.add.at(conf, (y, pred), 1)
-    tp = np.diag(conf).astype(np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        precision = np.where(conf.sum(0) > 0, tp / conf.sum(0), 0.0)
-        recall = np.where(conf.sum(1) > 0, tp / conf.sum(1), 0.0)
-        f1 = np.where(precision + recall > 0, 2 * precision * recall / (precision + recall), 0.0)
-    present = conf.sum(1) > 0
-    return {
-        "test_loss": loss,
-        "test_accuracy": float(tp.sum() / max(len(y), 1)),
-        "test_precision": float(precision[present].mean()) if present.any() else 0.0,
-        "test_recall": float(recall[present].mean()) if present.any() else 0.0,
-        "test_f1": float(f1[present].mean()) if present.any() else 0.0,
-    }
+class Client:
+    """One client: ``train(server message, X, y, round) -> upload``; its state saves as bytes.
+
+    ``model`` is a scratch module to train in and ``theta0`` the initial model; both are built from
+    ``cfg`` when not given (a simulator passes one scratch module and one θ_0 to all its clients, which
+    only read θ_0). ``train_loss`` is the mean loss of the last local training, reported beside the
+    upload (as a runtime's metrics travel beside the parameters).
+    """
+
+    def __init__(self, cfg: HFLConfig, client_id: int, num_features: int, num_classes: int, *,
+                 model: nn.Module | None = None, theta0: np.ndarray | None = None) -> None:
+        self.cfg = cfg
+        self.client_id = int(client_id)
+        self.num_features, self.num_classes = int(num_features), int(num_classes)
+        fresh = build_model(cfg, num_features, num_classes) if model is None or theta0 is None else None
+        self.model = model if model is not None else fresh
+        self.theta0 = theta0 if theta0 is not None else get_flat(fresh)
+        self.uplink = make_uplink(cfg.compression)
+        self.uplink_state = None
+        self.trainable_layers: int | None = None
+        self.train_loss: float | None = None
+        self._held: np.ndarray | None = None
+        self._anchor: np.ndarray | None = None
+
+    @property
+    def params(self) -> np.ndarray:
+        """The model the client holds: the server model of its last downlink message (θ_0 before any)."""
+        return self.theta0 if self._held is None else self._held
+
+    @property
+    def anchor(self) -> np.ndarray:
+        """What downlink patches apply to in the ``initial`` and ``anchor`` modes (θ_0 or the last anchor)."""
+        return self.theta0 if self._anchor is None else self._anchor
+
+    def set_trainable_layers(self, layers: int | None) -> None:
+        """Train only the last ``layers`` linear layers (None: all)."""
+        total = len(self.cfg.model.hidden) + 1
+        if layers is not None and not 1 <= layers <= total:
+            raise ConfigError(f"layers to train must be in 1..{total}, got {layers}")
+        self.trainable_layers = layers
+
+    def sync(self, server_message: bytes) -> np.ndarray:
+        """Apply a downlink message: the client now holds the server model; returns it."""
+        patches_anchor = self.cfg.compression.downlink in ("initial", "anchor")
+        self._held = apply_message(self.anchor if patches_anchor else self.params, server_message)
+        return self._held
+
+    def receive_anchor(self, broadcast: bytes) -> None:
+        """Anchor mode: patch the client's copy of the anchor with the server's anchor broadcast."""
+        if self.cfg.compression.downlink != "anchor":
+            raise WireError(f"an anchor broadcast arrived but the downlink mode is "
+                            f"{self.cfg.compression.downlink!r}")
+        self._anchor = apply_message(self.anchor, broadcast)
+
+    def train(self, server_message: bytes, X: np.ndarray, y: np.ndarray, round: int) -> bytes:
+        """Sync to the server model, train on (X, y) and return the encoded upload of round ``round``."""
+        cfg, tr = self.cfg, self.cfg.train
+        held = self.sync(server_message)
+        c = self.client_id
+        delta, self.train_loss = local_train(
+            self.model, held, X, y, epochs=tr.local_epochs, batch_size=tr.batch_size, lr=tr.lr,
+            seed=cfg.seed * 1_000_003 + round * 1009 + c, trainable=self.trainable_layers)
+        state = self.uplink_state if self.uplink_state is not None else self.uplink.init(delta.shape[0])
+        buf, self.uplink_state = self.uplink.encode(delta, state, np.random.default_rng([cfg.seed, round, c]))
+        return buf
+
+    # -- state as bytes -----------------------------------------------------------------------
+    def state_bytes(self) -> bytes:
+        """The client's state (held model, anchor copy, compressor state, trainable layers) as bytes."""
+        return pack({"kind": "client", "client_id": self.client_id, "num_features": self.num_features,
+                     "num_classes": self.num_classes, "held": self._held, "anchor": self._anchor,
+                     "uplink": self.uplink_state, "trainable_layers": self.trainable_layers,
+                     "train_loss": self.train_loss})
+
+    @classmethod
+    def from_state_bytes(cls, cfg: HFLConfig, buf: bytes, *, model: nn.Module | None = None,
+                         theta0: np.ndarray | None = None) -> Client:
+        """The client :meth:`state_bytes` saved, under configuration ``cfg``."""
+        cid, nf, nc, held, anchor, uplink, layers, loss = field(
+            unpack(buf), "client", "client_id", "num_features", "num_classes", "held", "anchor", "uplink",
+            "trainable_layers", "train_loss")
+        out = cls(cfg, cid, nf, nc, model=model, theta0=theta0)
+        for name, arr in (("held", held), ("anchor", anchor)):
+            if arr is not None and arr.shape != out.theta0.shape:
+                raise WireError(f"client state: {name} model has shape {arr.shape}, expected {out.theta0.shape}")
+        out._held, out._anchor, out.uplink_state = held, anchor, uplink
+        out.set_trainable_layers(layers)
+        out.train_loss = loss
+        return out

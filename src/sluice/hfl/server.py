@@ -1,18 +1,21 @@
-"""Server step of horizontal FL with top-k selection and error feedback (SPEC C2–C3).
+"""Server half of horizontal FL: top-k selection with error feedback (SPEC C2–C3), bytes in, bytes out.
 
-Pure functions: ``(ServerState, inputs) -> (ServerState, outputs)``; nothing is hidden in globals.
+:class:`Server` is what a runtime (the simulator, a networked deployment) talks to: the downlink message
+for client c, client c's upload, the close of a round. Its algorithm is made of pure functions,
+``(ServerState, inputs) -> (ServerState, outputs)`` (:func:`aggregate`, :func:`server_step`); nothing is
+hidden in globals.
 
 Notation per round t, over the d model coordinates:
 
-* ``g_t = Σ_c w_c·ĝ_c / Σ_c w_c``: weighted average of the terminals' unbiased update estimates ĝ_c
-  (zeros where a terminal sent nothing; rand-k estimates carry the d/k scale).
+* ``g_t = Σ_c w_c·ĝ_c / Σ_c w_c``: weighted average of the clients' unbiased update estimates ĝ_c
+  (zeros where a client sent nothing; rand-k estimates carry the d/k scale).
 * momentum (optional, ρ > 0): ``m_t = ρ·m_{t−1} + g_t``; with ρ = 0, ``m_t = g_t``.
 * accumulated: ``a_t = m_t + e_{t−1}``. The residual ``e`` is zero at the coordinates applied last round,
   so at those coordinates ``a_t`` is the aggregate alone (the seed's "first gradients") and elsewhere the
   aggregate merged with the residual carried from earlier rounds (its "second gradients").
 * applied: ``u_t = topk(a_t)``, rounded to the downlink value type (fp16 or fp32) after scaling by the
   server learning rate η: the model moves ``θ_{t+1} = θ_t + s_t`` with ``s_t = round(η·u_t)``, a step that
-  travels to terminals exactly.
+  travels to clients exactly.
 * error feedback: ``e_t = a_t − s_t/η`` (so Σ_t s_t/η + e_T = Σ_t m_t; the rounding error stays in e).
 * momentum factor masking: the momentum is zeroed at the applied coordinates, ``m_t[idx] = 0``, so a
   coordinate's velocity is not applied again on top of the residual that already carries it (as in Deep
@@ -23,16 +26,21 @@ Notation per round t, over the d model coordinates:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from sluice.compress import topk_indices
+from sluice.compress import decode_to_dense, topk_indices
+from sluice.errors import DataError, TrainingError, WireError
+from sluice.hfl.config import CompressionConfig, HFLConfig
+from sluice.hfl.downlink import Downlink
+from sluice.hfl.state import field, pack, unpack
 
 
 @dataclass
 class ServerState:
-    """What the server carries between rounds. ``params`` is float32 (the model terminals hold)."""
+    """What the server carries between rounds. ``params`` is float32 (the model clients hold)."""
 
     params: np.ndarray
     residual: np.ndarray
@@ -70,7 +78,7 @@ def server_step(
     """Apply the top-k of (momentum + residual); return the new state, the applied indices and the step.
 
     The step ``s = round(lr·acc[idx])`` is in ``value_dtype`` (fp16 values are clipped to its range) and
-    ``params[idx] += s`` in float32: a terminal that adds the same steps in the same order holds the same
+    ``params[idx] += s`` in float32: a client that adds the same steps in the same order holds the same
     model bit for bit. The rounding error stays in the residual: ``Σ s/lr + residual = Σ aggregated``.
     """
     d = g.shape[0]
@@ -91,3 +99,120 @@ def server_step(
     params = state.params.copy()
     params[idx] += step.astype(np.float32)
     return ServerState(params=params, residual=residual, momentum=momentum, round=state.round + 1), idx, step
+
+
+def down_value_dtype(cfg: CompressionConfig) -> type:
+    """The type of the server's applied steps: ``down_values``, where "auto" means fp32 for a dense
+    downlink (``down = "dense"``) and fp16 with top-k."""
+    values = cfg.down_values
+    if values == "auto":
+        values = "fp32" if cfg.down == "dense" else "fp16"
+    return np.float16 if values == "fp16" else np.float32
+
+
+class Server:
+    """The server half: holds the server state and speaks bytes with the clients.
+
+    A round is: :meth:`message` for every sampled client (each gets its own downlink message),
+    :meth:`receive` for every upload that arrives, then :meth:`close_round`, which aggregates what
+    arrived (weighted average, in client-id order, so arrival order does not matter), applies the top-k of
+    (aggregate + residual) with error feedback and returns the anchor broadcast when the downlink mode
+    sends one this round. A client that received its message but sends nothing (it failed) is simply
+    absent from the aggregate. :meth:`state_bytes` / :meth:`from_state_bytes` save and restore everything.
+    """
+
+    def __init__(self, cfg: HFLConfig, params: np.ndarray, num_clients: int) -> None:
+        c = cfg.compression
+        self.cfg = cfg
+        self.num_clients = int(num_clients)
+        self.state = init_server(np.asarray(params))
+        self.d = self.state.params.shape[0]
+        self.downlink = Downlink(self.d, c.downlink, c.anchor_every, num_clients=self.num_clients)
+        self._uploads: dict[int, tuple[np.ndarray, float]] = {}
+
+    @property
+    def params(self) -> np.ndarray:
+        """The current server model θ_t (float32)."""
+        return self.state.params
+
+    @property
+    def round(self) -> int:
+        """Rounds closed so far."""
+        return self.state.round
+
+    def _check_client(self, client_id: int) -> int:
+        if isinstance(client_id, bool) or not isinstance(client_id, int | np.integer) or not (
+                0 <= client_id < self.num_clients):
+            raise DataError(f"client id must be an integer in [0, {self.num_clients}), got {client_id!r}")
+        return int(client_id)
+
+    def message(self, client_id: int) -> bytes:
+        """This round's downlink message for ``client_id``: it brings that client to θ_t exactly."""
+        return self.downlink.message(self._check_client(client_id), self.state.params)
+
+    def receive(self, client_id: int, upload: bytes, weight: float) -> None:
+        """Take ``client_id``'s upload (the encoded update estimate) with its aggregation weight (its
+        number of samples). Malformed bytes raise :class:`WireError`; a second upload in one round, a
+        negative or non-finite weight, :class:`DataError`."""
+        c = self._check_client(client_id)
+        if c in self._uploads:
+            raise DataError(f"client {c} already uploaded in round {self.round + 1}")
+        w = float(weight)
+        if not math.isfinite(w) or w < 0:
+            raise DataError(f"the weight of client {c}'s upload must be a finite number >= 0, got {weight!r}")
+        try:
+            estimate = decode_to_dense(upload, self.d)
+        except WireError as exc:
+            raise WireError(f"upload of client {c}: {exc}") from None
+        self._uploads[c] = (estimate, w)
+
+    @property
+    def received(self) -> int:
+        """Uploads taken in the open round."""
+        return len(self._uploads)
+
+    def close_round(self) -> bytes | None:
+        """Aggregate, apply top-k with error feedback, record the step for the downlink; return the anchor
+        broadcast every client must receive (anchor mode, every ``anchor_every`` rounds) or None."""
+        c = self.cfg.compression
+        if self._uploads:
+            ids = sorted(self._uploads)
+            g = aggregate([self._uploads[i][0] for i in ids], [self._uploads[i][1] for i in ids], self.d)
+            dense_down = c.down == "dense"
+            self.state, changed, step = server_step(
+                self.state, g, ratio=1.0 if dense_down else c.down_ratio, rho=c.momentum,
+                lr=self.cfg.train.server_lr, value_dtype=down_value_dtype(c))
+        else:
+            s = self.state
+            self.state = ServerState(s.params, s.residual, s.momentum, s.round + 1)
+            changed, step = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+        self._uploads.clear()
+        self.downlink.record(changed, step)
+        return self.downlink.anchor_broadcast(self.state.params)
+
+    # -- state as bytes -----------------------------------------------------------------------
+    def state_bytes(self) -> bytes:
+        """Everything the server carries (model, residual, momentum, round, downlink bookkeeping and the
+        uploads of an open round) as bytes (:mod:`sluice.hfl.state`)."""
+        s = self.state
+        return pack({"kind": "server", "num_clients": self.num_clients, "params": s.params,
+                     "residual": s.residual, "momentum": s.momentum, "round": s.round,
+                     "downlink": self.downlink.to_tree(),
+                     "uploads": [[i, est, w] for i, (est, w) in sorted(self._uploads.items())]})
+
+    @classmethod
+    def from_state_bytes(cls, cfg: HFLConfig, buf: bytes) -> Server:
+        """The server :meth:`state_bytes` saved, under configuration ``cfg`` (the one it ran with)."""
+        n, params, residual, momentum, rnd, down, uploads = field(
+            unpack(buf), "server", "num_clients", "params", "residual", "momentum", "round", "downlink",
+            "uploads")
+        if down.get("mode") != cfg.compression.downlink:
+            raise TrainingError(f"the saved server used downlink {down.get('mode')!r}, the configuration "
+                                f"says {cfg.compression.downlink!r}")
+        out = cls(cfg, params, n)
+        if residual.shape != (out.d,) or momentum.shape != (out.d,):
+            raise WireError(f"server state: residual/momentum do not have the model's {out.d} coordinates")
+        out.state = ServerState(params.astype(np.float32), residual, momentum, int(rnd))
+        out.downlink = Downlink.from_tree(down)
+        out._uploads = {int(i): (est, float(w)) for i, est, w in uploads}
+        return out

@@ -1,5 +1,24 @@
-"""Plain centralised training engine (all data in one place), speaking :mod:`sluice.engine`."""
+"""Plain centralised training (one party, all data in one place)."""
 
-from sluice.local.trainer import LocalTrainer, classification_metrics
+from __future__ import annotations
 
-__all__ = ["LocalTrainer", "classification_metrics"]
+from typing import TYPE_CHECKING
+
+from sluice.local.trainer import LocalTrainer
+
+if TYPE_CHECKING:
+    from sluice.local.config import LocalConfig
+
+__all__ = ["LocalTrainer", "engine_from_config"]
+
+
+def engine_from_config(cfg: LocalConfig) -> LocalTrainer:
+    """The trainer a ``sluice local`` configuration describes."""
+    from sluice.data import load_dataset
+
+    ds = load_dataset(cfg.data.dataset, seed=cfg.seed, test_fraction=cfg.data.test_fraction)
+    n = cfg.data.max_train_samples or len(ds.y_train)
+    return LocalTrainer(ds.X_train[:n], ds.y_train[:n], ds.X_test, ds.y_test, num_classes=ds.num_classes,
+                        hidden=cfg.model.hidden, lr=cfg.train.lr, momentum=cfg.train.momentum,
+                        batch_size=cfg.train.batch_size, min_samples=cfg.train.min_samples, seed=cfg.seed,
+                        default_iterations=cfg.train.iterations)

@@ -30,35 +30,18 @@ from torch import nn
 
 from sluice.engine import IterationEvent, Suspendable
 from sluice.errors import ConfigError, DataError, TrainingError
+from sluice.metrics import (
+    CLASSIFICATION,
+    KNOWN,
+    REGRESSION,
+    MetricSpec,
+    classification_metrics,
+    declare,
+    regression_metrics,
+)
 from sluice.models import get_flat, mlp, set_flat
 
 MetricFn = Callable[[np.ndarray, np.ndarray], float]
-
-
-def classification_metrics(logits: torch.Tensor, y: np.ndarray, num_classes: int) -> dict[str, float]:
-    """Cross-entropy, accuracy and macro precision / recall / F1 (over classes present in ``y``).
-
-    With the confusion matrix ``C`` (rows: true class, columns: predicted), ``precision_c = C_cc / Σ_r C_rc``,
-    ``recall_c = C_cc / Σ_k C_ck`` and ``F1_c = 2·P·R / (P + R)`` (0 where undefined).
-    """
-    loss = float(nn.functional.cross_entropy(logits, torch.from_numpy(y)))
-    pred = logits.argmax(1).numpy()
-    conf = np.zeros((num_classes, num_classes), dtype=np.int64)
-    np.add.at(conf, (y, pred), 1)
-    tp = np.diag(conf).astype(np.float64)
-    col, row = conf.sum(0), conf.sum(1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        precision = np.where(col > 0, tp / np.maximum(col, 1), 0.0)
-        recall = np.where(row > 0, tp / np.maximum(row, 1), 0.0)
-        f1 = np.where(precision + recall > 0, 2 * precision * recall / (precision + recall + 1e-300), 0.0)
-    present = row > 0
-    return {
-        "test_loss": loss,
-        "test_accuracy": float(tp.sum() / max(len(y), 1)),
-        "test_precision": float(precision[present].mean()),
-        "test_recall": float(recall[present].mean()),
-        "test_f1": float(f1[present].mean()),
-    }
 
 
 class LocalTrainer(Suspendable):
@@ -80,7 +63,9 @@ class LocalTrainer(Suspendable):
         steps_per_iteration: int | None = None,
         min_samples: int = 1,
         metric_fns: dict[str, MetricFn] | None = None,
+        metric_specs: Sequence[MetricSpec] = (),
         seed: int = 0,
+        default_iterations: int | None = None,
     ) -> None:
         if task not in ("classification", "regression"):
             raise ConfigError(f"task must be 'classification' or 'regression', got {task!r}")
@@ -111,7 +96,14 @@ class LocalTrainer(Suspendable):
         self.steps_per_iteration = steps_per_iteration
         self.min_samples = int(min_samples)
         self.metric_fns = dict(metric_fns or {})
+        specs = {s.name: s for s in metric_specs}
+        undeclared = sorted(set(self.metric_fns) - set(specs) - set(KNOWN))
+        if undeclared:
+            raise ConfigError(f"metric functions {undeclared} need a MetricSpec in metric_specs (whether higher "
+                              "is better, and the range)")
+        self.metric_specs = [specs.get(n) or KNOWN[n] for n in self.metric_fns]
         self.seed = int(seed)
+        self.default_iterations = default_iterations
         self.iteration = 0
         self._limit: int | None = None
         self._suspended = False
@@ -157,13 +149,11 @@ class LocalTrainer(Suspendable):
         return len(self.hidden) + 1
 
     @property
-    def metric_names(self) -> list[str]:
-        base = ["train_loss", "test_loss"]
-        if self.task == "classification":
-            base += ["test_accuracy", "test_precision", "test_recall", "test_f1"]
-        else:
-            base += ["test_mse", "test_mae", "test_rmse"]
-        return base + list(self.metric_fns)
+    def metrics(self) -> dict[str, MetricSpec]:
+        base = CLASSIFICATION if self.task == "classification" else REGRESSION
+        return declare(("train_loss", *base), self.metric_specs)
+
+    counts_bytes = False
 
     def set_trainable_layers(self, layers: int) -> None:
         """Train only the last ``layers`` linear layers; earlier ones are frozen."""
@@ -178,6 +168,13 @@ class LocalTrainer(Suspendable):
         if n < 1:
             raise ConfigError(f"sample limit must be >= 1, got {n}")
         self._limit = n
+
+    def set_min_samples(self, n: int) -> None:
+        """With fewer than ``n`` training samples an iteration trains nothing and reports
+        ``INADEQUATE_TRAINING_DATA``."""
+        if n < 0:
+            raise ConfigError(f"minimum sample count must be >= 0, got {n}")
+        self.min_samples = int(n)
 
     @property
     def params(self) -> np.ndarray:
@@ -204,17 +201,35 @@ class LocalTrainer(Suspendable):
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.opt = torch.optim.SGD(params, lr=self.lr, momentum=self.momentum)
 
-    def add_data(self, data: Any) -> None:
-        """Append samples: ``{"X": ..., "y": ...}`` or ``(X, y)``."""
+    def check_data(self, data: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Samples for :meth:`add_data` (``{"X": ..., "y": ...}`` or ``(X, y)``) as arrays, or DataError when
+        their shape, labels or values do not fit this model."""
         if isinstance(data, dict):
+            unknown = sorted(set(data) - {"X", "y"})
+            if unknown:
+                raise DataError(f"local training takes only X and y, got also {unknown}")
             X, y = data.get("X"), data.get("y")
         else:
             X, y = data
+        if X is None or y is None:
+            raise DataError("added data needs both X and y")
+        raw_y = np.asarray(y)
+        if self.task == "classification" and raw_y.dtype.kind == "f" and not (
+            np.isfinite(raw_y).all() and (raw_y == np.round(raw_y)).all()
+        ):
+            raise DataError("class labels must be whole numbers (no NaN, inf or fractions)")
         X, y = self._check(X, y)
         if X.shape[1] != self.in_dim:
             raise DataError(f"added data has {X.shape[1]} features, the model takes {self.in_dim}")
+        if not (np.isfinite(X).all() and np.isfinite(y).all()):
+            raise DataError("added data has non-finite values (NaN or inf)")
         if self.task == "classification" and y.size and int(y.max()) >= self.num_classes:
             raise DataError(f"added labels go up to {int(y.max())}; classes are 0..{self.num_classes - 1}")
+        return X, y
+
+    def add_data(self, data: Any) -> None:
+        """Append samples: ``{"X": ..., "y": ...}`` or ``(X, y)`` (checked by :meth:`check_data`)."""
+        X, y = self.check_data(data)
         if self._limit is not None:
             self._limit += X.shape[0]
         self.X = np.concatenate([self.X, X])
@@ -288,17 +303,18 @@ class LocalTrainer(Suspendable):
         if self.task == "classification":
             metrics = classification_metrics(out, self.y_test, self.num_classes)
         else:
-            pred = out.numpy().reshape(self.y_test.shape)
-            err = pred - self.y_test
-            mse = float(np.mean(err**2))
-            metrics = {"test_loss": mse, "test_mse": mse, "test_mae": float(np.mean(np.abs(err))),
-                       "test_rmse": math.sqrt(mse)}
+            metrics = regression_metrics(out.numpy().reshape(self.y_test.shape), self.y_test)
         pred_np = out.numpy()
         if self.task == "regression":
             pred_np = pred_np.reshape(self.y_test.shape)
         for name, fn in self.metric_fns.items():
             metrics[name] = float(fn(pred_np, self.y_test))
         return metrics
+
+    def evaluate(self) -> dict[str, float]:
+        """Test metrics of the model as it is now, without training it."""
+        self.start()
+        return self._evaluate()
 
     def iterate(self) -> IterationEvent:
         self.start()

@@ -1,6 +1,5 @@
-"""Links between parties and the wire format of what crosses them.
+"""Links between parties; what crosses them is encoded by :mod:`sluice.wire.tensor` (every byte count is ``len()``).
 
-- :mod:`~sluice.transport.wire`: tensors and control messages as bytes (every byte count is ``len()``);
 - :mod:`~sluice.transport.link`: the link interface, inbox and byte meters;
 - :mod:`~sluice.transport.emulated`: in-process link with token-bucket bandwidth and latency;
 - :mod:`~sluice.transport.grpc_link`: gRPC bidirectional stream, optional mutual TLS;

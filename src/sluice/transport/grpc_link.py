@@ -2,7 +2,7 @@
 
 No generated code: the service ``sluice.split.v1.Link`` has one method ``Exchange`` registered with a
 generic handler, and messages cross as raw bytes (identity serialisers), so what is counted is exactly
-what :mod:`sluice.transport.wire` encoded. Optional mutual TLS: the listener presents its certificate
+what :mod:`sluice.wire.tensor` encoded. Optional mutual TLS: the listener presents its certificate
 and, when a CA is given, requires a client certificate signed by it; the connecting side verifies the
 listener against the same CA and presents its own certificate.
 

@@ -1,6 +1,6 @@
 """Links: full-duplex, message-oriented connections between two parties, with byte meters.
 
-A :class:`Link` sends byte strings (encoded with :mod:`sluice.transport.wire`) without blocking: each
+A :class:`Link` sends byte strings (encoded with :mod:`sluice.wire.tensor`) without blocking: each
 message waits in the link's send queue, FIFO, until the transport has put it on the wire. The number
 of queued bytes is :meth:`Link.pending_bytes` (the back-pressure signal of SPEC P4).
 

@@ -11,9 +11,10 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from sluice.config import Section
+from sluice.schema import Section
 
-Topology = Literal["4A", "5", "6"]
+from .topology import TOPOLOGIES, TopologyName
+
 DatasetName = Literal["breast_cancer", "digits", "classification"]
 
 
@@ -140,7 +141,7 @@ class PartyPolicy(Section):
 
 class SplitConfig(Section):
     seed: int = 0
-    topology: Topology = "6"
+    topology: TopologyName = "6"
     followers: int = Field(1, ge=1, le=16)
     data: SplitDataConfig = Field(default_factory=SplitDataConfig)
     model: SplitModelConfig = Field(default_factory=SplitModelConfig)
@@ -156,8 +157,10 @@ class SplitConfig(Section):
 
     @model_validator(mode="after")
     def _check(self) -> SplitConfig:
-        if self.topology == "5" and self.followers != 1:
-            raise ValueError("topology 5 (U-shape) has exactly one follower (model B); set followers = 1")
+        most = TOPOLOGIES[self.topology].max_followers
+        if self.followers > most:
+            raise ValueError(f"topology {self.topology} has at most {most} follower(s); set followers <= {most}"
+                             + (" (U-shape: the follower holds model B)" if TOPOLOGIES[self.topology].u_shape else ""))
         if (
             self.model.batch_norm
             and not self.model.allow_batch_coupled

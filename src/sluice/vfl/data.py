@@ -25,6 +25,7 @@ from sklearn.model_selection import train_test_split
 from sluice.errors import DataError
 
 from .config import SplitConfig, SplitDataConfig
+from .topology import topology
 
 
 @dataclass(frozen=True)
@@ -106,12 +107,12 @@ def default_columns(cfg: SplitConfig, table: Table) -> tuple[list[int], list[lis
     d = cfg.data
     n = table.X.shape[1]
     k = cfg.followers
-    if cfg.topology == "5":
+    topo = topology(cfg.topology)
+    followers: list[list[int]]
+    if not topo.follower_features:  # U-shape: the leader holds every feature, the follower a middle part
         leader = list(range(n)) if d.leader_columns is None else list(d.leader_columns)
-        followers: list[list[int]] = (
-            [[]] if d.follower_columns is None else [list(c) for c in d.follower_columns]
-        )
-    elif cfg.topology == "4A":
+        followers = [[]] if d.follower_columns is None else [list(c) for c in d.follower_columns]
+    elif not topo.leader_bottom:  # only followers hold features
         leader = [] if d.leader_columns is None else list(d.leader_columns)
         followers = _blocks(n, table.image_width, k) if d.follower_columns is None else d.follower_columns
     else:
@@ -136,12 +137,11 @@ def default_columns(cfg: SplitConfig, table: Table) -> tuple[list[int], list[lis
         bad = [c for c in cols if not 0 <= c < n]
         if bad:
             raise DataError(f"{who} columns {bad[:5]} are out of range; {table.name} has columns 0-{n - 1}")
-    if cfg.topology != "5" and any(not c for c in followers):
-        raise DataError(f"in topology {cfg.topology} every follower needs at least one feature column")
-    if cfg.topology == "6" and not leader:
-        raise DataError("in topology 6 the leader needs at least one feature column (its bottom model C1)")
-    if cfg.topology == "5" and not leader:
-        raise DataError("in topology 5 (U-shape) the leader holds the features; give it some columns")
+    if topo.follower_features and any(not c for c in followers):
+        raise DataError(f"in topology {topo.name} every follower needs at least one feature column")
+    if topo.leader_bottom and not leader:
+        role = "its bottom model C1" if topo.follower_features else "the U-shape's first part A1"
+        raise DataError(f"in topology {topo.name} the leader holds features for {role}; give it some columns")
     return leader, [list(c) for c in followers]
 
 
@@ -149,7 +149,6 @@ def default_columns(cfg: SplitConfig, table: Table) -> tuple[list[int], list[lis
 class PartyData:
     """One party's view: its columns of the train and test rows (aligned to the agreed id order)."""
 
-    columns: list[int]
     X_train: np.ndarray
     X_test: np.ndarray
     y_train: np.ndarray | None = None
@@ -185,7 +184,6 @@ def party_data(
         Xtr = (Xtr - mu) / sd
         Xte = (Xte - mu) / sd
     return PartyData(
-        columns=list(columns),
         X_train=Xtr.astype(dtype),
         X_test=Xte.astype(dtype),
         y_train=table.y[tr] if with_labels else None,

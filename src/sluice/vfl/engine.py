@@ -1,101 +1,259 @@
 """Split training behind the engine protocol of :mod:`sluice.engine` (one ``iterate`` = one step).
 
-The followers run in threads over emulated links (``transport.emulate``); the number of steps is open,
-so the control plane decides when to stop. ``suspend`` tells the followers to wait without their stall
-timeout until ``resume``. Between ``start`` and ``stop`` the interpreter's thread switch interval is
-``pipeline.switch_interval_ms``.
+:class:`SplitEngine` is the one place that sets up a split-training task, however its parties run:
+
+* ``transport.kind = "inproc"``: each follower in a thread of this process, over an emulated link
+  (``transport.emulate``);
+* ``transport.kind = "grpc"``: each follower in its own process on this machine (``sluice split party
+  --role follower``), over loopback gRPC; their config (``party.toml``) and logs (``follower-N.log``) go
+  to ``run_dir`` (a temporary directory, removed by ``stop``, when there is none);
+* ``connect = [ADDR, ...]``: followers already listening elsewhere, one per address (gRPC).
+
+With a ``run_dir`` the leader also appends every step's full record to ``steps.jsonl`` there: loss and
+accuracy of the batch, G, per-party idle and busy seconds, per-operation seconds and counts, bytes each
+way, test metrics when evaluated (the events only carry the numbers the control plane watches).
+
+``start`` builds the links (starting follower threads or processes) and the leader; the first ``iterate``
+proposes the task (so ``limit_samples`` and ``set_trainable_layers`` may still be called after ``start``),
+chooses G and runs step 0. The task is proposed for :attr:`~SplitEngine.default_iterations` steps (the
+plan: evaluation runs after the last of them); the control plane may stop it earlier (the followers stop
+at once) or go on (the leader extends the task by one epoch at a time). ``stop`` ends the task -- at any
+point, even before the proposal -- and ends every process and thread ``start`` began, also after a
+failure. ``suspend`` tells the followers to wait without their stall timeout until ``resume``. Between
+``start`` and ``stop`` the interpreter's thread switch interval is ``pipeline.switch_interval_ms``.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import shutil
 import sys
+import tempfile
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from sluice.engine import IterationEvent
 from sluice.errors import ConfigError, TrainingError
-from sluice.transport.emulated import emulated_pair
+from sluice.metrics import MetricSpec, declare
 from sluice.transport.link import Link
 
 from .config import SplitConfig
 from .follower import Follower
 from .leader import Leader
+from .links import FollowerProcesses, connect_followers, emulated_links
 from .party import fail_peers
-from .task import build_task
+from .schedule import Decision
+from .task import Task, build_task
+
+Record = dict[str, Any]
+FollowerHook = Callable[[int, Follower], None]
+
+METRICS = ("train_loss", "train_accuracy", "test_loss", "test_accuracy", "test_precision", "test_recall",
+           "test_f1", "test_auc")
 
 
 class SplitEngine:
-    """In-process pipelined split training as an :class:`~sluice.engine.Engine`."""
+    """Pipelined split training as an :class:`~sluice.engine.Engine` (see the module docstring).
 
-    def __init__(self, cfg: SplitConfig) -> None:
+    ``steps``: the steps to propose (default: ``train.steps``, else ``train.epochs`` epochs). ``trace``
+    keeps every scheduling decision of every in-process party (:meth:`traces`); ``follower_hook(i,
+    follower)`` runs in in-process follower ``i``'s thread before it serves (tests inject failures with it).
+    """
+
+    def __init__(
+        self,
+        cfg: SplitConfig,
+        connect: list[str] | None = None,
+        run_dir: str | Path | None = None,
+        steps: int | None = None,
+        *,
+        trace: bool = False,
+        follower_hook: FollowerHook | None = None,
+    ) -> None:
+        if connect is not None and len(connect) != cfg.followers:
+            raise ConfigError(
+                f"config says followers = {cfg.followers} but {len(connect)} addresses were given; give one "
+                "--connect ADDR per follower"
+            )
+        if steps is not None and steps < 1:
+            raise ConfigError(f"steps must be >= 1, got {steps}")
         self.cfg = cfg
+        self.connect = connect
+        self.run_dir = None if run_dir is None else Path(run_dir)
+        self.trace = trace
+        self.follower_hook = follower_hook
+        self._steps = steps
+        self._task: Task | None = None
         self.leader: Leader | None = None
         self.followers: list[Follower] = []
+        self.records: list[Record] = []
         self._threads: list[threading.Thread] = []
         self._errors: list[BaseException] = []
+        self._procs: FollowerProcesses | None = None
+        self._tmp: Path | None = None
+        self._limit: int | None = None
+        self._layers: int | None = None
         self._suspended = False
+        self._failed = False
         self._stopped = False
         self._old_switch: float | None = None
+        self._t0 = 0.0
 
+    # -- what the control plane asks ---------------------------------------------------------------
+    metrics: dict[str, MetricSpec] = declare(METRICS, [MetricSpec("idle_leader_s", False, 0.0)])
+    counts_bytes = True
+
+    @property
+    def task(self) -> Task:
+        """The task as the leader defines it from the config (built on first use)."""
+        if self._task is None:
+            self._task = build_task(self.cfg, self._steps)
+        return self._task
+
+    @property
+    def default_iterations(self) -> int:
+        """The planned steps: ``steps``, else ``train.steps``, else ``train.epochs`` epochs of the training
+        rows the config gives."""
+        return self.task.steps
+
+    @property
+    def num_samples(self) -> int:
+        """Training rows in use."""
+        n = len(self.task.train_ids)
+        return n if self._limit is None else min(n, self._limit)
+
+    def limit_samples(self, n: int) -> None:
+        """Use only the first ``n`` training rows (in the agreed id order); the followers get exactly these
+        ids in the proposal. Only before the first step."""
+        if n < 1:
+            raise ConfigError(f"sample limit must be >= 1, got {n}")
+        if self.leader is not None:
+            self.leader.limit_samples(n)
+        self._limit = n
+
+    @property
+    def num_layers(self) -> int:
+        """Linear layers of the leader's top model (the part a ``layers`` requirement applies to)."""
+        return len(self.task.specs["leader.top"]["hidden"]) + 1
+
+    def set_trainable_layers(self, layers: int) -> None:
+        """Train only the last ``layers`` linear layers of the leader's top model; its earlier layers stay
+        as initialised (the bottom and middle parts keep training, through the frozen layers)."""
+        if not 1 <= layers <= self.num_layers:
+            raise ConfigError(
+                f"layers to train must be in 1..{self.num_layers} (the leader's top model has {self.num_layers} "
+                f"linear layers), got {layers}"
+            )
+        self._layers = layers
+        if self.leader is not None:
+            self.leader.train_last_layers(layers)
+
+    # -- lifecycle -----------------------------------------------------------------------------------
     def start(self) -> None:
         if self.leader is not None:
             return
+        if self._stopped:
+            raise TrainingError("the split-training engine was stopped; start a new one")
         torch.set_num_threads(1)
         cfg = self.cfg
+        task = self.task
+        self._t0 = time.perf_counter()
+        if self.run_dir is not None:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "steps.jsonl").write_text("")
         if cfg.pipeline.switch_interval_ms is not None:  # restored by stop()
             self._old_switch = sys.getswitchinterval()
             sys.setswitchinterval(cfg.pipeline.switch_interval_ms / 1000.0)
-        em = cfg.transport.emulate
-        bw = None if em.bandwidth_mbps is None else em.bandwidth_mbps * 1e6
-        task = build_task(cfg, unbounded=True)
         links: dict[str, Link] = {}
-        for name in task.follower_names:
-            a, b = emulated_pair(bw, em.latency_ms / 1000.0, em.burst_bytes, names=("leader", name))
-            links[name] = a
-            threshold = cfg.pipeline.queue_threshold_bytes
-            self.followers.append(Follower(b, cfg.party, cfg.transport.timeout_s, threshold))
-        self.leader = Leader(cfg, links, task)
-
-        def serve(f: Follower) -> None:
-            try:
-                f.serve()
-            except BaseException as exc:  # noqa: BLE001 - surfaced by iterate/stop
-                self._errors.append(exc)
-
-        self._threads = [threading.Thread(target=serve, args=(f,), daemon=True) for f in self.followers]
-        for t in self._threads:
-            t.start()
         try:
-            self.leader.start()
-        except BaseException as exc:
-            fail_peers(self.leader, exc)
+            links = self._links(task)
+            self.leader = Leader(cfg, links, task)
+            if self._limit is not None:
+                self.leader.limit_samples(self._limit)
+            if self._layers is not None:
+                self.leader.train_last_layers(self._layers)
+            if self.trace:
+                self.leader.trace = []
+            self._serve_followers()
+        except BaseException:
+            for link in links.values():
+                link.close()
+            self._release(0.0)
+            self.leader, self.followers = None, []
             raise
 
+    def _links(self, task: Task) -> dict[str, Link]:
+        """The leader's links: to in-process followers (started by :meth:`_serve_followers`), to follower
+        processes it starts, or to the followers at ``connect``."""
+        cfg, names = self.cfg, task.follower_names
+        if self.connect is not None:
+            return connect_followers(cfg, names, self.connect)
+        if cfg.transport.kind == "grpc":
+            workdir = self.run_dir
+            if workdir is None:
+                workdir = self._tmp = Path(tempfile.mkdtemp(prefix="sluice-split-"))
+            self._procs = FollowerProcesses(cfg, names, workdir)
+            return connect_followers(cfg, names, self._procs.addresses)
+        links, ends = emulated_links(cfg, names)
+        for end in ends:
+            f = Follower(end, cfg.party, cfg.transport.timeout_s, cfg.pipeline.queue_threshold_bytes)
+            if self.trace:
+                f.trace = []
+            self.followers.append(f)
+        return links
+
+    def _serve_followers(self) -> None:
+        """Start a thread for each in-process follower (once the leader is ready to propose)."""
+
+        def serve(i: int, f: Follower) -> None:
+            try:
+                if self.follower_hook is not None:
+                    self.follower_hook(i, f)
+                f.serve()
+            except BaseException as exc:  # noqa: BLE001 - surfaced by stop()
+                self._errors.append(exc)
+
+        self._threads = [
+            threading.Thread(target=serve, args=(i, f), daemon=True) for i, f in enumerate(self.followers)
+        ]
+        for t in self._threads:
+            t.start()
+
     def iterate(self) -> IterationEvent:
-        if self.leader is None:
-            self.start()
-        assert self.leader is not None
         if self._stopped:
             raise TrainingError("the split-training engine was stopped; start a new one")
+        self.start()
+        leader = self.leader
+        assert leader is not None
+        if self._failed:
+            raise TrainingError("the split-training task failed earlier; start a new one")
         if self._suspended:
             self.resume()
         try:
-            s = self.leader.run_step()
-            (rec,) = [r for r in self.leader.records(wait=True) if r["step"] == s]
+            if not leader.started:
+                leader.start()
+            s = leader.run_step()
+            (rec,) = [r for r in leader.records(wait=True) if r["step"] == s]
         except BaseException as exc:
-            fail_peers(self.leader, exc)
+            self._failed = True
+            fail_peers(leader, exc)
             raise
+        self.records.append(rec)
+        if self.run_dir is not None:
+            with open(self.run_dir / "steps.jsonl", "a", encoding="utf-8") as f:
+                f.write(json.dumps(rec) + "\n")
         metrics = {"train_loss": rec["loss"], "train_accuracy": rec["accuracy"]}
         anomaly, detail = None, ""
         if not math.isfinite(rec["loss"]):
             anomaly, detail = "DIVERGED", f"the training loss of step {s} is {rec['loss']}"
-        for k in ("test_loss", "test_accuracy", "test_auc"):
-            if k in rec:
-                metrics[k] = rec[k]
+        metrics.update({k: rec[k] for k in METRICS if k in rec and k.startswith("test_")})
         metrics["idle_leader_s"] = rec["idle_s"]["leader"]
         return IterationEvent(
             iteration=s, metrics=metrics, bytes_up=rec["bytes_up"], bytes_down=rec["bytes_down"],
@@ -103,21 +261,43 @@ class SplitEngine:
         )
 
     def stop(self) -> None:
-        if self.leader is None or self._stopped:
+        """End the task (the followers say goodbye), then every thread and process :meth:`start` began.
+        After a clean end, an in-process follower's error is raised here."""
+        if self._stopped:
             return
         self._stopped = True
+        clean = False
         try:
-            self.leader.finish()
+            if self.leader is not None and not self._failed:
+                try:
+                    self.leader.finish()
+                    clean = True
+                except BaseException as exc:
+                    self._failed = True
+                    fail_peers(self.leader, exc)
+                    raise
         finally:
-            for t in self._threads:
-                t.join(timeout=self.cfg.transport.timeout_s + 5.0)
-            if self._old_switch is not None:
-                sys.setswitchinterval(self._old_switch)
-        if self._errors:
+            self._release(10.0 if clean else 3.0)  # after a failure, time to log the error they were sent
+        if clean and self._errors:
             raise self._errors[0]
 
+    def _release(self, grace_s: float) -> None:
+        """Join the follower threads and wait up to ``grace_s`` for the follower processes to end by
+        themselves (then end them), remove the temporary directory, restore the switch interval."""
+        for t in self._threads:
+            t.join(timeout=grace_s + 5.0)
+        if self._procs is not None:
+            self._procs.stop(grace_s)
+            self._procs = None
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+        if self._old_switch is not None:
+            sys.setswitchinterval(self._old_switch)
+            self._old_switch = None
+
     def suspend(self) -> None:
-        if self.leader is not None and not self._suspended:
+        if self.leader is not None and not self._suspended and not self._failed:
             self.leader.pause()
             self._suspended = True
 
@@ -133,14 +313,87 @@ class SplitEngine:
         )
 
     def save(self, path: str) -> str:
-        """Save every part's weights (leader and in-process followers) with ``torch.save``."""
+        """Save the weights of every part this process holds (the leader's, and those of in-process
+        followers) with ``torch.save``, as part name -> state dict."""
         if self.leader is None:
             raise TrainingError("nothing to save: the engine has not started")
-        states = self.leader.state()
-        for f in self.followers:
-            if f.model is not None:
-                states[f.proposal["part"]] = f.model.state_dict()
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(states, p)
+        torch.save(self.states(), p)
         return str(p)
+
+    # -- what a run reports --------------------------------------------------------------------------
+    def states(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Copies of the weights of every part this process holds (part name -> state dict)."""
+        if self.leader is None:
+            return {}
+        out = self.leader.state()
+        for f in self.followers:
+            if f.model is not None:
+                out[f.proposal["part"]] = {k: v.detach().clone() for k, v in f.model.state_dict().items()}
+        return out
+
+    def traces(self) -> dict[str, list[Decision]]:
+        """Scheduling decisions of every in-process party (with ``trace=True``)."""
+        out: dict[str, list[Decision]] = {}
+        if self.leader is not None and self.leader.trace is not None:
+            out["leader"] = self.leader.trace
+        for f in self.followers:
+            if f.trace is not None:
+                out[f.name] = f.trace
+        return out
+
+    def summary(self, wall_s: float | None = None) -> dict[str, Any]:
+        """What ``summary.json`` holds: the task, the steps, means per step (the first step, which pays for
+        warm-up, left out), bytes on the wire per direction and the choice of G."""
+        leader = self.leader
+        records = self.records
+        if wall_s is None:
+            wall_s = time.perf_counter() - self._t0
+        if leader is None:
+            return {"topology": self.cfg.topology, "dataset": self.cfg.data.dataset, "steps": 0,
+                    "wall_s": round(wall_s, 3)}
+        steady = records[1:] if len(records) > 2 else records
+        evals = [r for r in records if "test_accuracy" in r]
+        last = evals[-1] if evals else {}
+        parties = ["leader", *leader.followers]
+
+        def mean(xs: list[float]) -> float:
+            return float(np.mean(xs)) if xs else 0.0
+
+        op_means: dict[str, dict[str, float]] = {}
+        for p in parties:
+            names = sorted({k for r in steady for k in r["op_s"].get(p, {})})
+            op_means[p] = {k: mean([r["op_s"][p].get(k, [0.0])[0] for r in steady]) for k in names}
+        out: dict[str, Any] = {
+            "topology": self.cfg.topology,
+            "dataset": self.cfg.data.dataset,
+            "followers": leader.followers,
+            "train_samples": len(leader.task.train_ids),
+            "steps": len(records),
+            "groups": leader.groups,
+            "final_loss": records[-1]["loss"] if records else None,
+            "final_test_loss": last.get("test_loss"),
+            "final_test_accuracy": last.get("test_accuracy"),
+            "final_test_auc": last.get("test_auc"),
+            "mean_step_time_s": mean([r["step_time_s"] for r in steady]),
+            "mean_idle_s": {p: mean([r["idle_s"][p] for r in steady]) for p in parties},
+            "mean_op_s": op_means,
+            "total_bytes_up": int(sum(r["bytes_up"] for r in records)),
+            "total_bytes_down": int(sum(r["bytes_down"] for r in records)),
+            "setup_bytes_up": int(getattr(leader, "setup_bytes_up", 0)),
+            "setup_bytes_down": int(getattr(leader, "setup_bytes_down", 0)),
+            "link_bytes": {n: leader.links[n].stats.as_dict() for n in leader.followers},
+            "accepted": leader.accepted,
+            "wall_s": round(wall_s, 3),
+        }
+        if leader.choice is not None:
+            c = leader.choice
+            out["group_choice"] = {
+                "groups": c.groups,
+                "seed_formula": c.seed_formula,
+                "predicted_step_s": c.predicted_s,
+                "predicted_serial_step_s": c.predicted_serial_s,
+            }
+            out["calibration"] = leader.calibration
+        return out

@@ -1,7 +1,10 @@
 """The follower: judges the leader's proposal, then trains its part of the model step after step.
 
 Lifecycle: ``propose`` -> ``accept`` or ``refuse`` (with the reason) -> setup requests (``profile_req``,
-``ping``, link probes) -> ``start`` (with G) -> steps -> ``stop`` -> ``bye``.
+``ping``, link probes) -> ``start`` (with G) -> the planned steps, each followed by ``step_done`` ->
+``extend`` (more steps) or ``stop``. The leader may send ``stop`` at any point, even before the proposal;
+the follower then abandons the step it is in (its weights keep the last finished step) and answers
+``bye``.
 """
 
 from __future__ import annotations
@@ -14,18 +17,16 @@ import torch
 
 from sluice.errors import DataError, NegotiationError, SluiceError
 from sluice.transport.link import Link
-from sluice.transport.wire import encode_tensor
+from sluice.wire.tensor import encode_tensor
 
 from .config import PartyPolicy, SplitDataConfig
 from .data import load_table, party_data
 from .grouping import split_batch
-from .models import batch_coupled_layers, build_mlp, make_optimizer, num_params, part_seed
-from .ops import follower_ops
+from .models import batch_coupled_layers, build_mlp, make_optimizer, num_params, part_seed, torch_dtype
 from .party import Stopped, Worker, fail_peers, to_tensor
 from .schedule import Op
 from .task import PROTOCOL, BatchPlan, eval_due
-
-_DT = {"float32": torch.float32, "float64": torch.float64}
+from .topology import In, OpSpec, eval_tag, topology
 
 
 def judge(policy: PartyPolicy, proposal: dict[str, Any], secure: bool) -> str | None:
@@ -42,8 +43,8 @@ def judge(policy: PartyPolicy, proposal: dict[str, Any], secure: bool) -> str | 
     n = num_params(proposal["model"])
     if n > policy.max_params:
         return f"the proposed model part has {n} parameters; this party allows at most {policy.max_params}"
-    steps = proposal.get("steps")
-    if steps is not None and steps > policy.max_steps:
+    steps = int(proposal["steps"])
+    if steps > policy.max_steps:
         return f"{steps} steps proposed; this party allows at most {policy.max_steps}"
     if policy.require_tls and not secure:
         return "this party requires TLS (transport.tls) and the connection is not encrypted"
@@ -73,7 +74,9 @@ class Follower(Worker):
 
     # -- negotiation -----------------------------------------------------------------------------
     def negotiate(self) -> None:
-        msg = self.wait_control("leader", "propose", "the task proposal")
+        msg = self.wait_control("leader", ("propose", "stop"), "the task proposal")
+        if msg.type == "stop":
+            raise Stopped
         p = msg.body
         try:
             reason = judge(self.policy, p, self.link.secure)
@@ -103,10 +106,11 @@ class Follower(Worker):
     def _prepare(self, p: dict[str, Any]) -> None:
         self.proposal = p
         self.name = p["follower"]
-        self.topology = p["topology"]
+        self.topo = topology(p["topology"])
+        self.ops = self.topo.specs("follower")
         ds = SplitDataConfig(**p["dataset"])
         table = load_table(ds, p["seed"])
-        self.dtype = _DT[p["model"]["dtype"]]
+        self.dtype = torch_dtype(p["model"]["dtype"])
         data = party_data(
             table,
             p["columns"],
@@ -123,8 +127,8 @@ class Follower(Worker):
             raise NegotiationError("BatchNorm with G > 1 refused")
         self.opt = make_optimizer(list(self.model.parameters()), p["hparams"])
         self.plan = BatchPlan(len(p["train_ids"]), p["hparams"]["batch_size"], p["seed"])
-        self.steps = p.get("steps")
-        self.eval_every = p.get("eval_every", 0)
+        self.steps = int(p["steps"])
+        self.eval_every = int(p.get("eval_every", 0))
 
     # -- setup requests until "start" ----------------------------------------------------------
     def setup(self) -> None:
@@ -163,7 +167,7 @@ class Follower(Worker):
             tf = tb = float("inf")
             for _ in range(repeats):
                 t0 = time.perf_counter()
-                if self.topology == "5":
+                if self.topo.u_shape:  # the middle part sends the gradient of its input
                     x.requires_grad_(True)
                 h = self.model(x)
                 t1 = time.perf_counter()
@@ -175,7 +179,9 @@ class Follower(Worker):
             bwd.append(tb)
         self.model.zero_grad(set_to_none=True)
         emb = self.proposal["model"]["out"]
-        b = [len(encode_tensor(0, 0, "emb", torch.zeros(n, emb, dtype=self.dtype))) for n in sizes]
+        tag = self._forward.sends
+        assert tag is not None
+        b = [len(encode_tensor(0, 0, tag, torch.zeros(n, emb, dtype=self.dtype))) for n in sizes]
 
         def fit(v: list[float]) -> list[float]:
             a1 = max(0.0, (v[1] - v[0]) / (sizes[1] - sizes[0]))
@@ -184,33 +190,48 @@ class Follower(Worker):
         return {"fwd": fit(fwd), "bwd": fit(bwd), "bytes": fit([float(v) for v in b])}
 
     # -- training --------------------------------------------------------------------------------
+    @property
+    def _forward(self) -> OpSpec:
+        """The forward operation of this party's part (what it sends first in a step)."""
+        return self.ops[f"{self.topo.follower_part}.fwd"]
+
+    def _received(self, need: In, step: int, g: int) -> torch.Tensor:
+        return self.store.pop(("in", step, need.tag, "leader", g))
+
     def _execute(self, op: Op, step: int, groups: list[np.ndarray]) -> None:
+        """Run one operation of the table (:mod:`sluice.vfl.topology`) on group ``op.group``."""
         assert self.model is not None
         g = op.group
+        spec = self.ops[op.name]
+        need = spec.needs[0] if spec.needs else None
+        assert need is None or isinstance(need, In)
         if op.name == "bottom.fwd":
             h = self.model(self.X[groups[g]])
             self.saved[g] = h
-            self.send_tensor("leader", step, g, "emb", h.detach())
-        elif op.name == "bottom.bwd":
-            grad = self.store.pop(("in", step, "grad", "leader", g))
-            self.saved.pop(g).backward(grad)
         elif op.name == "middle.fwd":
-            a = self.store.pop(("in", step, "act1", "leader", g)).requires_grad_(True)
+            assert need is not None
+            a = self._received(need, step, g).requires_grad_(True)
             h = self.model(a)
             self.saved[g] = (a, h)
-            self.send_tensor("leader", step, g, "act2", h.detach())
+        elif op.name == "bottom.bwd":
+            assert need is not None
+            self.saved.pop(g).backward(self._received(need, step, g))
+            return
         elif op.name == "middle.bwd":
-            a, h = self.saved.pop(g)
-            h.backward(self.store.pop(("in", step, "grad2", "leader", g)))
-            self.send_tensor("leader", step, g, "grad1", a.grad)
-        else:  # pragma: no cover - graphs only contain the names above
+            assert need is not None
+            a, out = self.saved.pop(g)
+            out.backward(self._received(need, step, g))
+            h = a.grad
+        else:  # pragma: no cover - the table has no other follower operation
             raise AssertionError(op.name)
+        assert spec.sends is not None
+        self.send_tensor("leader", step, g, spec.sends, h.detach())
 
     def step(self, s: int) -> None:
         assert self.model is not None
         self.reset_counters()
         groups = split_batch(self.plan.batch(s), self.groups)
-        ops = follower_ops(self.topology, s, len(groups), "leader")
+        ops = self.topo.ops("follower", s, len(groups), ["leader"])
         self.run_graph(
             ops, lambda op: self._execute(op, s, groups), f"step {s} data from the leader", abortable=True
         )
@@ -225,49 +246,67 @@ class Follower(Worker):
         self.send_control("leader", "step_done", body)  # counted by the leader on arrival
 
     def _evaluate(self, s: int) -> None:
+        """The forward operation on the test set, sent under ``eval_<tag>``."""
         assert self.model is not None
+        fwd = self._forward
+        assert fwd.sends is not None
         with torch.no_grad():
-            if self.topology == "5":
-                key = ("in", s, "eval_act1", "leader", 0)
+            if fwd.needs:
+                (need,) = fwd.needs
+                key = ("in", s, eval_tag(need.tag), "leader", 0)
                 t0 = time.perf_counter()
                 self.wait_keys([key], f"evaluation data of step {s}")
                 self.idle += time.perf_counter() - t0
-                out = self.model(self.store.pop(key))
-                self.send_tensor("leader", s, 0, "eval_act2", out)
+                x = self.store.pop(key)
             else:
-                self.send_tensor("leader", s, 0, "eval_emb", self.model(self.X_test))
+                x = self.X_test
+            self.send_tensor("leader", s, 0, eval_tag(fwd.sends), self.model(x))
 
     def train(self) -> None:
+        """The planned steps, then more when the leader extends the task; ends by :class:`Stopped`."""
         s = 0
-        try:
-            while self.steps is None or s < self.steps:
+        while True:
+            while s < self.steps:
                 if self.stop_requested:
-                    break
+                    raise Stopped
                 self.step(s)
                 s += 1
-        except Stopped:
-            pass
-        self.steps_done = s
-        self.wait_control("leader", "stop", "the end of the task")
+                self.steps_done = s
+            msg = self.wait_control("leader", ("extend", "stop"), "the end of the task")
+            if msg.type == "stop":
+                raise Stopped
+            steps = int(msg.body["steps"])
+            if steps > self.policy.max_steps:
+                raise NegotiationError(
+                    f"the leader extended the task to {steps} steps; this party allows at most "
+                    f"{self.policy.max_steps}"
+                )
+            self.steps = steps
 
     def serve(self) -> dict[str, Any]:
-        """Run the whole task; returns this party's summary. Tells the leader on failure."""
+        """Run the whole task until the leader stops it; returns this party's summary. Tells the leader on
+        failure (a refused proposal was already answered with ``refuse``)."""
         try:
             self.negotiate()
-            self.setup()
-            self.train()
-            stats = self.link.stats.as_dict()
-            self.send_control("leader", "bye", {"steps": self.steps_done, "link": stats})
-            self.link.flush(5.0)
-            self.finished_peers.add("leader")
-            self.close_links()
-            return {"name": self.name, "steps": self.steps_done, "link": self.link.stats.as_dict()}
         except Stopped:
-            self.close_links()
-            return {"name": self.name, "steps": 0, "link": self.link.stats.as_dict()}
+            pass
         except NegotiationError:
             self.close_links()
             raise
         except BaseException as exc:
             fail_peers(self, exc)
             raise
+        try:
+            if not self.stop_requested:
+                self.setup()
+                self.train()
+        except Stopped:
+            pass
+        except BaseException as exc:
+            fail_peers(self, exc)
+            raise
+        self.send_control("leader", "bye", {"steps": self.steps_done, "link": self.link.stats.as_dict()})
+        self.link.flush(5.0)
+        self.finished_peers.add("leader")
+        self.close_links()
+        return {"name": self.name, "steps": self.steps_done, "link": self.link.stats.as_dict()}

@@ -63,7 +63,7 @@ def lower_bound(G: int, f: float, b: float, c: float, u: float, d: float, L: flo
 
 
 @dataclass(frozen=True)
-class Stage:
+class PipeStage:
     """One stage of a group's chain: ``seconds`` per group on ``resource``."""
 
     name: str
@@ -71,7 +71,9 @@ class Stage:
     seconds: float
 
 
-def chain_bound(G: int, stages: list[Stage], latency: float, extra: dict[str, float] | None = None) -> float:
+def chain_bound(
+    G: int, stages: list[PipeStage], latency: float, extra: dict[str, float] | None = None
+) -> float:
     """Lower bound of a step for one chain of stages (``extra``: per-group work on a resource that is not
     on the chain, such as the leader's own bottom model in topology 6)."""
     total = sum(s.seconds for s in stages)
@@ -84,7 +86,7 @@ def chain_bound(G: int, stages: list[Stage], latency: float, extra: dict[str, fl
 
 
 @dataclass(frozen=True)
-class StageModel:
+class PipeStageModel:
     """Cost of a stage for a group of ``n`` samples: compute ``a0 + a1 n`` seconds, or for a link stage
     ``(a0 + a1 n)`` bytes at ``bandwidth`` bytes/s."""
 
@@ -103,9 +105,9 @@ class StageModel:
 class StepModel:
     """Chains (one per follower) and off-chain loads, with total latency per chain."""
 
-    chains: list[list[StageModel]]
+    chains: list[list[PipeStageModel]]
     latency: float
-    extra: list[StageModel] = field(default_factory=list)
+    extra: list[PipeStageModel] = field(default_factory=list)
 
     def predict(self, batch: int, G: int) -> float:
         n = group_sizes(batch, G)[0]
@@ -114,7 +116,7 @@ class StepModel:
             extra[s.resource] = extra.get(s.resource, 0.0) + s.seconds(n)
         g = min(G, batch)
         return max(
-            chain_bound(g, [Stage(s.name, s.resource, s.seconds(n)) for s in chain], self.latency, extra)
+            chain_bound(g, [PipeStage(s.name, s.resource, s.seconds(n)) for s in chain], self.latency, extra)
             for chain in self.chains
         )
 

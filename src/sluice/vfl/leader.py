@@ -1,74 +1,51 @@
 """The leader: holds the labels and the top model, starts the task, negotiates, chooses G, drives steps.
 
-Lifecycle: :meth:`Leader.start` (negotiate, then choose G -- measuring the links and the parties'
-compute when ``pipeline.groups`` is ``"auto"`` or ``"seed"`` -- and send ``start``),
-:meth:`Leader.run_step` per step, :meth:`Leader.records` for finished step records, :meth:`Leader.finish`
-(``stop``/``bye``).
+Lifecycle: :meth:`Leader.limit_samples` / :meth:`Leader.train_last_layers` (optional, before the
+proposal), :meth:`Leader.start` (negotiate, then choose G -- measuring the links and the parties' compute
+when ``pipeline.groups`` is ``"auto"`` or ``"seed"`` -- and send ``start``), :meth:`Leader.run_step` per
+step (past the proposed steps it sends ``extend``), :meth:`Leader.records` for finished step records,
+:meth:`Leader.finish` (``stop``/``bye``; possible at any point, even before the proposal).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from sklearn.metrics import roc_auc_score
 
-from sluice.errors import ConfigError, NegotiationError
+from sluice.errors import ConfigError, NegotiationError, TrainingError
+from sluice.metrics import classification_metrics
 from sluice.transport.link import Link
-from sluice.transport.wire import encode_raw
+from sluice.wire.tensor import encode_raw
 
 from .config import SplitConfig
 from .data import party_data
-from .grouping import GroupChoice, StageModel, StepModel, choose_groups, seed_formula, split_batch
-from .models import build_mlp, check_exact, make_optimizer, part_seed
-from .ops import leader_ops
+from .grouping import GroupChoice, PipeStageModel, StepModel, choose_groups, seed_formula, split_batch
+from .models import build_mlp, check_exact, make_optimizer, part_seed, torch_dtype, train_last_layers
 from .party import Worker, params_of, to_tensor
 from .schedule import Op
 from .task import BatchPlan, Task, build_task, eval_due, proposal_for
-
-_DT = {"float32": torch.float32, "float64": torch.float64}
-
-
-def classification_metrics(z: torch.Tensor, y: torch.Tensor, n_classes: int) -> dict[str, float]:
-    """Mean cross-entropy, accuracy and ROC AUC (one-vs-rest for several classes) of logits ``z``."""
-    out = {
-        "test_loss": float(F.cross_entropy(z, y)),
-        "test_accuracy": float((z.argmax(1) == y).double().mean()),
-    }
-    p = torch.softmax(z.double(), 1).numpy()
-    yn = y.numpy()
-    try:
-        if n_classes == 2:
-            out["test_auc"] = float(roc_auc_score(yn, p[:, 1]))
-        elif len(np.unique(yn)) == n_classes:
-            out["test_auc"] = float(roc_auc_score(yn, p, multi_class="ovr"))
-    except ValueError:
-        pass
-    return out
+from .topology import In, Local, eval_tag
 
 
 class Leader(Worker):
-    def __init__(
-        self, cfg: SplitConfig, links: dict[str, Link], task: Task | None = None, unbounded: bool = False
-    ) -> None:
+    def __init__(self, cfg: SplitConfig, links: dict[str, Link], task: Task | None = None) -> None:
         super().__init__("leader", links, cfg.transport.timeout_s, cfg.pipeline.queue_threshold_bytes)
         torch.set_num_threads(1)
         self.cfg = cfg
-        self.task = task or build_task(cfg, unbounded)
+        self.task = task or build_task(cfg)
         t = self.task
+        self.topo = t.topology
+        self.ops = self.topo.specs("leader")
         self.followers = list(t.follower_names)
         if sorted(links) != sorted(self.followers):
             raise ConfigError(f"the leader needs one link per follower {self.followers}, got {sorted(links)}")
-        self.dtype = _DT[cfg.model.dtype]
-        data = party_data(t.table, t.leader_columns, t.train_ids, t.test_ids, True, np.float64)
-        self.X = to_tensor(data.X_train, self.dtype)
-        self.X_test = to_tensor(data.X_test, self.dtype)
-        assert data.y_train is not None and data.y_test is not None
-        self.y = torch.from_numpy(data.y_train)
-        self.y_test = torch.from_numpy(data.y_test)
+        self.dtype = torch_dtype(cfg.model.dtype)
+        self._load_data()
         self.n_classes = t.table.n_classes
         self.bottom = (
             build_mlp(t.specs["leader.bottom"], part_seed(cfg.seed, "leader.bottom"))
@@ -77,26 +54,51 @@ class Leader(Worker):
         )
         self.top = build_mlp(t.specs["leader.top"], part_seed(cfg.seed, "leader.top"))
         self.opt = make_optimizer(params_of(self.bottom, self.top), t.hparams)
-        self.plan = BatchPlan(len(t.train_ids), t.hparams["batch_size"], cfg.seed)
         self.steps = t.steps
         self.groups = 1
         self.choice: GroupChoice | None = None
         self.calibration: dict[str, Any] = {}
         self.accepted: dict[str, dict[str, Any]] = {}
+        self.proposed = False
+        self.started = False
         self.step_no = 0
         self._pending: dict[int, dict[str, Any]] = {}
         self._reports: dict[int, dict[str, tuple[dict[str, Any], int, float]]] = {}
         self._t_end: float | None = None
         self._saved: dict[int, torch.Tensor] = {}
-        self._t_start = time.perf_counter()
+
+    def _load_data(self) -> None:
+        t = self.task
+        data = party_data(t.table, t.leader_columns, t.train_ids, t.test_ids, True, np.float64)
+        self.X = to_tensor(data.X_train, self.dtype)
+        self.X_test = to_tensor(data.X_test, self.dtype)
+        assert data.y_train is not None and data.y_test is not None
+        self.y = torch.from_numpy(data.y_train)
+        self.y_test = data.y_test
+        self.plan = BatchPlan(len(t.train_ids), t.hparams["batch_size"], self.cfg.seed)
+
+    def limit_samples(self, n: int) -> None:
+        """Use only the first ``n`` training rows (in the agreed id order); the followers learn which
+        rows from the proposal, so this is possible only before it."""
+        if self.proposed:
+            raise TrainingError("the training samples were fixed when the task was proposed to the followers")
+        if n < 1:
+            raise ConfigError(f"sample limit must be >= 1, got {n}")
+        self.task = dataclasses.replace(self.task, train_ids=self.task.train_ids[:n])
+        self._load_data()
+
+    def train_last_layers(self, layers: int) -> None:
+        """Train only the last ``layers`` linear layers of the top model."""
+        train_last_layers(self.top, layers)
 
     # -- negotiation (SPEC P7) -----------------------------------------------------------------
     def negotiate(self) -> None:
         groups = self.cfg.pipeline.groups
+        self.proposed = True
         for i, name in enumerate(self.followers):
             self.send_control(name, "propose", proposal_for(self.task, i, groups, self.links[name].secure))
         for name in self.followers:
-            msg = self.wait_control(name, "accept", "an answer to the proposal", refuse_ok=True)
+            msg = self.wait_control(name, ("accept", "refuse"), "an answer to the proposal")
             if msg.type == "refuse":
                 self.finished_peers.add(name)
                 reason = msg.body.get("reason", "no reason given")
@@ -187,23 +189,23 @@ class Leader(Worker):
         links = {name: self.probe_link(name, nbytes) for name in self.followers}
         o = self.cfg.pipeline.op_overhead_ms / 1000.0
 
-        def cpu(name: str, who: str, fit: list[float]) -> StageModel:
-            return StageModel(name, f"cpu:{who}", fit[0] + o, fit[1])
+        def cpu(name: str, who: str, fit: list[float]) -> PipeStageModel:
+            return PipeStageModel(name, f"cpu:{who}", fit[0] + o, fit[1])
 
         chains, extra, lat = [], [], 0.0
         seed_vals = []
         for name in self.followers:
             p, lk = prof[name], links[name]
             fw, bw = cpu("follower.fwd", name, p["fwd"]), cpu("follower.bwd", name, p["bwd"])
-            up = StageModel("up", f"up:{name}", *p["bytes"], bandwidth=lk["up_Bps"])
-            down = StageModel("down", f"down:{name}", *p["bytes"], bandwidth=lk["down_Bps"])
+            up = PipeStageModel("up", f"up:{name}", *p["bytes"], bandwidth=lk["up_Bps"])
+            down = PipeStageModel("down", f"down:{name}", *p["bytes"], bandwidth=lk["down_Bps"])
             head = cpu("head", "leader", mine["head"])
             send_bytes = p["bytes"][0] + p["bytes"][1] * B
-            if self.task.topology == "5":
+            if self.topo.u_shape:
                 a1f = cpu("leader.fwd", "leader", mine["bottom.fwd"])
                 a1b = cpu("leader.bwd", "leader", mine["bottom.bwd"])
-                down2 = StageModel("down", f"down:{name}", *p["bytes"], bandwidth=lk["down_Bps"])
-                up2 = StageModel("up", f"up:{name}", *p["bytes"], bandwidth=lk["up_Bps"])
+                down2 = PipeStageModel("down", f"down:{name}", *p["bytes"], bandwidth=lk["down_Bps"])
+                up2 = PipeStageModel("up", f"up:{name}", *p["bytes"], bandwidth=lk["up_Bps"])
                 chains.append([a1f, down, fw, up, head, down2, bw, up2, a1b])
                 lat = max(lat, 2 * lk["rtt_s"])
                 compute = a1f.seconds(B) + a1b.seconds(B)
@@ -212,7 +214,7 @@ class Leader(Worker):
                 lat = max(lat, lk["rtt_s"])
                 compute = fw.seconds(B) + bw.seconds(B)
             seed_vals.append(seed_formula(send_bytes, lk["up_Bps"], compute))
-        if self.task.topology == "6":
+        if self.topo.leader_bottom and not self.topo.u_shape:
             extra = [
                 cpu("leader.fwd", "leader", mine["bottom.fwd"]),
                 cpu("leader.bwd", "leader", mine["bottom.bwd"]),
@@ -241,72 +243,77 @@ class Leader(Worker):
             check_exact(self.bottom, "leader.bottom", self.groups, self.cfg.model.allow_batch_coupled)
         for name in self.followers:
             self.send_control(name, "start", {"groups": self.groups})
+        self.started = True
         self._t_end = time.perf_counter()
         self.setup_bytes_down = self.setup_sent
         self.setup_bytes_up = sum(link.stats.bytes_received for link in self.links.values())
 
     # -- one step --------------------------------------------------------------------------------
+    def _input(self, need: In | Local, step: int, g: int) -> list[torch.Tensor]:
+        """The tensors an operation needs: one handed over locally, or one from every follower."""
+        if isinstance(need, Local):
+            return [self.store.pop(("loc", step, need.name, g))]
+        return [self.store.pop(("in", step, need.tag, p, g)) for p in self.followers]
+
+    def _hand(self, name: str, step: int, g: int, tensor: torch.Tensor) -> None:
+        key = ("loc", step, name, g)
+        self.store[key] = tensor
+        assert self.graph is not None
+        self.graph.offer(key)
+
     def _execute(self, op: Op, step: int, groups: list[torch.Tensor], batch: int) -> None:
+        """Run one operation of the table (:mod:`sluice.vfl.topology`) on group ``op.group``."""
         g = op.group
         idx = groups[g]
-        topo = self.task.topology
+        spec = self.ops[op.name]
         if op.name == "bottom.fwd":
             assert self.bottom is not None
             h = self.bottom(self.X[idx])
-            if topo == "6":
-                self._saved[g] = h
-                key = ("loc", step, "h", g)
-                self.store[key] = h
-                assert self.graph is not None
-                self.graph.offer(key)
-            else:
-                self._saved[g] = h
-                self.send_tensor(self.followers[0], step, g, "act1", h.detach())
+            self._saved[g] = h
+            if spec.hands is not None:
+                self._hand(spec.hands, step, g, h)
+            if spec.sends is not None:
+                for p in self.followers:
+                    self.send_tensor(p, step, g, spec.sends, h.detach())
         elif op.name == "head":
             yb = self.y[idx]
-            if topo == "5":
-                (p,) = self.followers
-                a = self.store.pop(("in", step, "act2", p, g)).requires_grad_(True)
-                z = self.top(a)
-                loss = F.cross_entropy(z, yb, reduction="sum") / batch
-                loss.backward()
-                self.send_tensor(p, step, g, "grad2", a.grad)
-            else:
-                parts = []
-                if topo == "6":
-                    parts.append(self.store.pop(("loc", step, "h", g)).detach().requires_grad_(True))
-                embs = [
-                    self.store.pop(("in", step, "emb", p, g)).requires_grad_(True) for p in self.followers
-                ]
-                z = self.top(torch.cat(parts + embs, dim=1))
-                loss = F.cross_entropy(z, yb, reduction="sum") / batch
-                loss.backward()
-                for p, e in zip(self.followers, embs, strict=True):
-                    self.send_tensor(p, step, g, "grad", e.grad)
-                if topo == "6":
-                    key = ("loc", step, "gh", g)
-                    self.store[key] = parts[0].grad
-                    assert self.graph is not None
-                    self.graph.offer(key)
+            kinds: list[In | Local] = []
+            inputs: list[torch.Tensor] = []
+            for need in spec.needs:
+                for x in self._input(need, step, g):
+                    kinds.append(need)
+                    inputs.append(x.detach().requires_grad_(True))
+            z = self.top(torch.cat(inputs, dim=1) if len(inputs) > 1 else inputs[0])
+            loss = F.cross_entropy(z, yb, reduction="sum") / batch
+            loss.backward()
+            senders = iter(self.followers)
+            for need, x in zip(kinds, inputs, strict=True):
+                if isinstance(need, Local):
+                    assert spec.hands is not None
+                    self._hand(spec.hands, step, g, x.grad)
+                else:
+                    assert spec.sends is not None
+                    self.send_tensor(next(senders), step, g, spec.sends, x.grad)
             self._loss += float(loss.detach())
             self._correct += int((z.detach().argmax(1) == yb).sum())
         elif op.name == "bottom.bwd":
-            if topo == "6":
-                grad = self.store.pop(("loc", step, "gh", g))
-            else:
-                grad = self.store.pop(("in", step, "grad1", self.followers[0], g))
+            (grad,) = self._input(spec.needs[0], step, g)
             self._saved.pop(g).backward(grad)
-        else:  # pragma: no cover
+        else:  # pragma: no cover - the table has no other leader operation
             raise AssertionError(op.name)
 
     def run_step(self) -> int:
         """Run the leader's part of the next step (the record is finished when reports arrive)."""
         s = self.step_no
+        if s >= self.steps:  # past the plan: extend the task by an epoch
+            self.steps += self.plan.per_epoch
+            for name in self.followers:
+                self.send_control(name, "extend", {"steps": self.steps})
         self.reset_counters()
         batch = self.plan.batch(s)
         groups = [torch.from_numpy(g) for g in split_batch(batch, self.groups)]
         self._loss, self._correct = 0.0, 0
-        ops = leader_ops(self.task.topology, s, len(groups), self.followers)
+        ops = self.topo.ops("leader", s, len(groups), self.followers)
         self.run_graph(
             ops, lambda op: self._execute(op, s, groups, len(batch)), f"step {s} data from the followers"
         )
@@ -330,21 +337,26 @@ class Leader(Worker):
         return s
 
     def evaluate(self, s: int) -> dict[str, float]:
-        """Metrics of the model after step ``s`` on the agreed test samples."""
+        """Metrics of the model after step ``s`` on the agreed test samples: the forward operations of the
+        table on the test set, their tensors sent under ``eval_<tag>``."""
         with torch.no_grad():
-            if self.task.topology == "5":
-                (p,) = self.followers
-                assert self.bottom is not None
-                self.send_tensor(p, s, 0, "eval_act1", self.bottom(self.X_test))
-                key = ("in", s, "eval_act2", p, 0)
-                self.wait_keys([key], f"evaluation data of step {s} from {p}")
-                z = self.top(self.store.pop(key))
-            else:
-                keys = [("in", s, "eval_emb", p, 0) for p in self.followers]
-                parts = [self.bottom(self.X_test)] if self.bottom is not None else []
-                self.wait_keys(keys, f"evaluation data of step {s}")
-                z = self.top(torch.cat(parts + [self.store.pop(k) for k in keys], dim=1))
-        return classification_metrics(z, self.y_test, self.n_classes)
+            h = self.bottom(self.X_test) if self.bottom is not None else None
+            fwd = self.ops.get("bottom.fwd")
+            if fwd is not None and fwd.sends is not None:
+                assert h is not None
+                for p in self.followers:
+                    self.send_tensor(p, s, 0, eval_tag(fwd.sends), h)
+            inputs: list[torch.Tensor] = []
+            for need in self.ops["head"].needs:
+                if isinstance(need, Local):
+                    assert h is not None
+                    inputs.append(h)
+                else:
+                    keys = [("in", s, eval_tag(need.tag), p, 0) for p in self.followers]
+                    self.wait_keys(keys, f"evaluation data of step {s}")
+                    inputs += [self.store.pop(k) for k in keys]
+            z = self.top(torch.cat(inputs, dim=1) if len(inputs) > 1 else inputs[0])
+        return classification_metrics(z, self.y_test, self.n_classes, auc=True)
 
     # -- records -----------------------------------------------------------------------------------
     def _collect_reports(self) -> None:
@@ -386,13 +398,14 @@ class Leader(Worker):
 
     # -- the end -----------------------------------------------------------------------------------
     def finish(self) -> list[dict[str, Any]]:
-        """Wait for the last reports, stop the followers, collect their goodbyes, close the links."""
-        recs = self.records(wait=True)
-        for name in self.followers:
+        """Wait for the last reports, stop the followers (at any point of the task, even before the
+        proposal), collect their goodbyes, close the links."""
+        recs = self.records(wait=True) if self.started else []
+        peers = [n for n in self.followers if n not in self.finished_peers]
+        for name in peers:
             self.send_control(name, "stop")
-        self.byes = {}
-        for name in self.followers:
-            self.byes[name] = self.wait_control(name, "bye", "the goodbye").body
+        for name in peers:
+            self.wait_control(name, "bye", "the goodbye")
             self.finished_peers.add(name)
         for link in self.links.values():
             link.flush(5.0)

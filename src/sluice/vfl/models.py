@@ -20,6 +20,14 @@ _ACT = {"relu": nn.ReLU, "tanh": nn.Tanh}
 _DT = {"float32": torch.float32, "float64": torch.float64}
 
 
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a spec's ``dtype`` name (``float32`` or ``float64``)."""
+    try:
+        return _DT[name]
+    except KeyError:
+        raise ConfigError(f"unknown dtype {name!r}; allowed: {', '.join(_DT)}") from None
+
+
 def part_seed(seed: int, part: str) -> int:
     """Seed of one part: a stable function of the task seed and the part's name."""
     return (seed * 1_000_003 + zlib.crc32(part.encode())) % (2**63)
@@ -100,6 +108,22 @@ def check_exact(module: nn.Module, part: str, groups: int, allow: bool) -> None:
             f"statistics are per group, so the update would differ from the full-batch update. Use "
             f"pipeline.groups = 1, remove BatchNorm, or set model.allow_batch_coupled = true"
         )
+
+
+def linear_layers(module: nn.Module) -> list[nn.Linear]:
+    """The linear layers of a part, input first."""
+    return [m for m in module.modules() if isinstance(m, nn.Linear)]
+
+
+def train_last_layers(module: nn.Module, layers: int) -> None:
+    """Freeze every linear layer of ``module`` but the last ``layers`` (their weights then get no gradient,
+    so the optimizer leaves them as they are; gradients still flow through them to earlier parts)."""
+    lin = linear_layers(module)
+    if not 1 <= layers <= len(lin):
+        raise ConfigError(f"layers to train must be in 1..{len(lin)} (the part has {len(lin)} linear layers), "
+                          f"got {layers}")
+    for i, m in enumerate(lin):
+        m.requires_grad_(i >= len(lin) - layers)
 
 
 def make_optimizer(params: list[nn.Parameter], hp: dict[str, Any]) -> torch.optim.Optimizer:

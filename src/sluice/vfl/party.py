@@ -1,7 +1,7 @@
 """What every party of pipelined split training shares: the worker (SPEC P7).
 
 Each party (:mod:`sluice.vfl.leader`, :mod:`sluice.vfl.follower`) reads its data, builds its operation
-graph for every step (:mod:`sluice.vfl.ops`), lets the :class:`~sluice.vfl.schedule.Scheduler` pick
+graph for every step (:mod:`sluice.vfl.topology`), lets the :class:`~sluice.vfl.schedule.Scheduler` pick
 the next operation,
 runs it with its trainer (forward, backward, optimizer), and exchanges tensors over its links. The same
 code runs over the in-process emulated link and over gRPC; only the links differ.
@@ -11,10 +11,10 @@ Exactness (SPEC P5): group ``g`` of a batch of ``B`` samples contributes the los
 steps once per batch, so the update equals the full-batch update of the mean loss (up to float rounding)
 for models whose per-sample outputs do not depend on other samples.
 
-Step protocol. Tensors carry (step, group, tag): ``emb``/``grad`` (topologies 4A, 6) or
-``act1``/``act2``/``grad2``/``grad1`` (U-shape). After its optimizer step a follower evaluates when due
-and sends ``step_done`` with its idle and busy seconds, per-operation seconds and the bytes it sent for
-that step; it starts the next step at once (the batch order is agreed, so no message is needed).
+Step protocol. Tensors carry (step, group, tag), the tags of :data:`sluice.vfl.topology.TOPOLOGIES`.
+After its optimizer step a follower evaluates when due and sends ``step_done`` with its idle and busy
+seconds, per-operation seconds and the bytes it sent for that step; it starts the next step at once (the
+batch order is agreed, so no message is needed).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from torch import nn
 
 from sluice.errors import SluiceError, TrainingError
 from sluice.transport.link import Delivery, Inbox, Link
-from sluice.transport.wire import (
+from sluice.wire.tensor import (
     ControlMsg,
     RawMsg,
     TensorMsg,
@@ -92,7 +92,6 @@ class Worker:
         self.paused = False
         self.stop_requested = False
         self.sent_by_step: dict[int, int] = defaultdict(int)
-        self.recv_by_step: dict[int, int] = defaultdict(int)
         self.setup_sent = 0
         self.idle = 0.0
         self.busy = 0.0
@@ -137,7 +136,6 @@ class Worker:
         if isinstance(msg, TensorMsg):
             key = ("in", msg.step, msg.tag, d.peer, msg.group)
             self.store[key] = msg.tensor
-            self.recv_by_step[msg.step] += len(d.payload)
             if self.graph is not None:
                 self.graph.offer(key)
         elif isinstance(msg, ControlMsg):
@@ -177,24 +175,22 @@ class Worker:
             self.idle += time.perf_counter() - t0
             self._absorb(d)
 
-    def take_control(self, peer: str, type_: str) -> tuple[ControlMsg, int, float] | None:
+    def take_control(self, peer: str, *types: str) -> tuple[ControlMsg, int, float] | None:
+        """The first queued control message from ``peer`` of one of ``types`` (removed from the queue)."""
         q = self.controls[peer]
         for i, item in enumerate(q):
-            if item[0].type == type_:
+            if item[0].type in types:
                 del q[i]
                 return item
         return None
 
-    def wait_control(self, peer: str, type_: str, what: str, refuse_ok: bool = False) -> ControlMsg:
-        """Block until ``peer`` sends a control message of ``type_``."""
+    def wait_control(self, peer: str, types: str | tuple[str, ...], what: str) -> ControlMsg:
+        """Block until ``peer`` sends a control message of one of ``types``."""
+        wanted = (types,) if isinstance(types, str) else types
         while True:
-            item = self.take_control(peer, type_)
+            item = self.take_control(peer, *wanted)
             if item is not None:
                 return item[0]
-            if refuse_ok:
-                ref = self.take_control(peer, "refuse")
-                if ref is not None:
-                    return ref[0]
             self.pump(True, f"{what} from {peer}")
 
     def wait_keys(self, keys: list[Hashable], what: str) -> None:

@@ -13,17 +13,16 @@ import torch.nn.functional as F
 
 from .config import SplitConfig
 from .data import party_data
-from .models import build_mlp, make_optimizer, part_seed
-from .task import BatchPlan, build_task, follower_part
-
-_DT = {"float32": torch.float32, "float64": torch.float64}
+from .models import build_mlp, make_optimizer, part_seed, torch_dtype
+from .task import BatchPlan, build_task
 
 
 def reference_train(cfg: SplitConfig, steps: int) -> tuple[dict[str, dict[str, torch.Tensor]], list[float]]:
     """Train ``steps`` full-batch steps centrally; returns (part name -> state dict, loss per step)."""
     torch.set_num_threads(1)
     task = build_task(cfg)
-    dt = _DT[cfg.model.dtype]
+    topo = task.topology
+    dt = torch_dtype(cfg.model.dtype)
     t = task.table
     lead = party_data(t, task.leader_columns, task.train_ids, task.test_ids, True, np.float64)
     X_lead = torch.from_numpy(lead.X_train).to(dt)
@@ -33,17 +32,17 @@ def reference_train(cfg: SplitConfig, steps: int) -> tuple[dict[str, dict[str, t
     X_f = []
     for name, cols in zip(task.follower_names, task.follower_columns, strict=True):
         d = party_data(t, cols, task.train_ids, task.test_ids, False, np.float64)
-        X_f.append((follower_part(task.topology, name), torch.from_numpy(d.X_train).to(dt)))
+        X_f.append((topo.part(name), torch.from_numpy(d.X_train).to(dt)))
     opts = [make_optimizer(list(m.parameters()), task.hparams) for m in parts.values()]
     plan = BatchPlan(len(task.train_ids), task.hparams["batch_size"], cfg.seed)
     losses = []
     for s in range(steps):
         b = torch.from_numpy(plan.batch(s))
-        if task.topology == "5":
+        if topo.u_shape:
             (mid, _), = X_f
             z = parts["leader.top"](parts[mid](parts["leader.bottom"](X_lead[b])))
         else:
-            hs = [parts["leader.bottom"](X_lead[b])] if task.topology == "6" else []
+            hs = [parts["leader.bottom"](X_lead[b])] if topo.leader_bottom else []
             hs += [parts[name](X[b]) for name, X in X_f]
             z = parts["leader.top"](torch.cat(hs, dim=1))
         loss = F.cross_entropy(z, y[b])

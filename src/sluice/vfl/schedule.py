@@ -124,9 +124,6 @@ class OpGraph:
             if not miss:
                 self.ready.add(op)
 
-    def wants(self, key: Hashable) -> bool:
-        return key in self._waiting
-
     def done(self, op: Op) -> None:
         self.ready.discard(op)
         self.remaining -= 1

@@ -18,11 +18,14 @@ import numpy as np
 from .config import SplitConfig
 from .data import Table, default_columns, load_table, split_ids
 from .models import mlp_spec
+from .topology import Topology, topology
 
-PROTOCOL = 1
+PROTOCOL = 2
+"""Version 2: ``steps`` in the proposal is a plan; the leader ends the task with ``stop`` (at any step, even
+before the proposal) or extends it with ``extend``; a follower always answers ``stop`` with ``bye``."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class Task:
     cfg: SplitConfig
     table: Table
@@ -33,20 +36,23 @@ class Task:
     follower_names: list[str]
     specs: dict[str, dict[str, Any]]
     hparams: dict[str, Any]
-    steps: int | None
+    steps: int
     task_id: str
 
     @property
-    def topology(self) -> str:
-        return self.cfg.topology
+    def topology(self) -> Topology:
+        return topology(self.cfg.topology)
 
 
-def follower_part(topology: str, name: str) -> str:
-    return f"{name}.middle" if topology == "5" else f"{name}.bottom"
+def planned_steps(cfg: SplitConfig, train_rows: int) -> int:
+    """``train.steps``, else ``train.epochs`` epochs of ``ceil(train_rows / batch_size)`` steps."""
+    t = cfg.train
+    return t.steps if t.steps is not None else t.epochs * math.ceil(train_rows / t.batch_size)
 
 
-def build_task(cfg: SplitConfig, unbounded: bool = False) -> Task:
-    """Everything the leader needs to propose and run the task described by ``cfg``."""
+def build_task(cfg: SplitConfig, steps: int | None = None) -> Task:
+    """Everything the leader needs to propose and run the task described by ``cfg`` for ``steps`` steps
+    (default: :func:`planned_steps`)."""
     table = load_table(cfg.data, cfg.seed)
     train_ids, test_ids = split_ids(table, cfg.data.test_fraction, cfg.seed)
     if len(test_ids) > cfg.train.eval_samples:
@@ -55,33 +61,22 @@ def build_task(cfg: SplitConfig, unbounded: bool = False) -> Task:
         test_ids = [test_ids[i] for i in keep]
     leader_cols, follower_cols = default_columns(cfg, table)
     names = [f"follower-{i + 1}" for i in range(cfg.followers)]
+    topo = topology(cfg.topology)
     m = cfg.model
-    specs: dict[str, dict[str, Any]] = {}
     emb = m.embedding
-    if cfg.topology == "5":
-        specs["leader.bottom"] = mlp_spec(
-            len(leader_cols), m.bottom_hidden, emb, m.activation, True, m.batch_norm, m.dtype
-        )
-        specs[f"{names[0]}.middle"] = mlp_spec(
-            emb, m.middle_hidden, emb, m.activation, True, m.batch_norm, m.dtype
-        )
-        specs["leader.top"] = mlp_spec(
-            emb, m.top_hidden, table.n_classes, m.activation, False, False, m.dtype
-        )
-    else:
-        width = emb * cfg.followers
-        if cfg.topology == "6":
-            specs["leader.bottom"] = mlp_spec(
-                len(leader_cols), m.bottom_hidden, emb, m.activation, True, m.batch_norm, m.dtype
-            )
-            width += emb
-        for name, cols in zip(names, follower_cols, strict=True):
-            specs[f"{name}.bottom"] = mlp_spec(
-                len(cols), m.bottom_hidden, emb, m.activation, True, m.batch_norm, m.dtype
-            )
-        specs["leader.top"] = mlp_spec(
-            width, m.top_hidden, table.n_classes, m.activation, False, False, m.dtype
-        )
+
+    def mlp(in_dim: int, hidden: list[int], out: int, final: bool, bn: bool) -> dict[str, Any]:
+        return mlp_spec(in_dim, hidden, out, m.activation, final, bn, m.dtype)
+
+    specs: dict[str, dict[str, Any]] = {}
+    if topo.leader_bottom:
+        specs[topo.part("leader")] = mlp(len(leader_cols), m.bottom_hidden, emb, True, m.batch_norm)
+    for name, cols in zip(names, follower_cols, strict=True):
+        if topo.u_shape:
+            specs[topo.part(name)] = mlp(emb, m.middle_hidden, emb, True, m.batch_norm)
+        else:
+            specs[topo.part(name)] = mlp(len(cols), m.bottom_hidden, emb, True, m.batch_norm)
+    specs["leader.top"] = mlp(emb * topo.top_inputs(cfg.followers), m.top_hidden, table.n_classes, False, False)
     t = cfg.train
     hparams = {
         "optimizer": t.optimizer,
@@ -90,11 +85,9 @@ def build_task(cfg: SplitConfig, unbounded: bool = False) -> Task:
         "weight_decay": t.weight_decay,
         "batch_size": t.batch_size,
     }
-    per_epoch = math.ceil(len(train_ids) / t.batch_size)
-    steps = None if unbounded else (t.steps if t.steps is not None else t.epochs * per_epoch)
     return Task(
-        cfg, table, train_ids, test_ids, leader_cols, follower_cols, names, specs, hparams, steps,
-        uuid.uuid4().hex[:12],
+        cfg, table, train_ids, test_ids, leader_cols, follower_cols, names, specs, hparams,
+        steps if steps is not None else planned_steps(cfg, len(train_ids)), uuid.uuid4().hex[:12],
     )
 
 
@@ -102,11 +95,11 @@ def proposal_for(task: Task, index: int, groups: int | str, tls: bool) -> dict[s
     """The task as proposed to follower ``index`` (dataset, ids, its columns, its model part, ...)."""
     name = task.follower_names[index]
     d = task.cfg.data
-    part = follower_part(task.topology, name)
+    part = task.topology.part(name)
     return {
         "protocol": PROTOCOL,
         "task_id": task.task_id,
-        "topology": task.topology,
+        "topology": task.topology.name,
         "follower": name,
         "followers": len(task.follower_names),
         "dataset": {
@@ -152,8 +145,8 @@ class BatchPlan:
         return _perm(self.n, self.seed, e)[j * self.batch_size : (j + 1) * self.batch_size]
 
 
-def eval_due(step: int, steps: int | None, eval_every: int) -> bool:
-    """Evaluate after ``step`` every ``eval_every`` steps and after the last step."""
-    if steps is not None and step == steps - 1:
+def eval_due(step: int, steps: int, eval_every: int) -> bool:
+    """Evaluate after ``step`` every ``eval_every`` steps and after the last planned step."""
+    if step == steps - 1:
         return True
     return eval_every > 0 and (step + 1) % eval_every == 0

@@ -1,4 +1,4 @@
-"""Wire format: exact round trips, index coding choice, and clear errors on malformed messages."""
+"""Vector payloads on the wire: exact round trips, index coding choice, clear errors on malformed messages."""
 
 from __future__ import annotations
 
@@ -10,20 +10,22 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sluice.compress.wire import (
+from sluice.errors import WireError
+from sluice.wire.frame import KIND_CHAIN
+from sluice.wire.frame import varint as _varint
+from sluice.wire.vector import (
+    FLAG_ZSTD,
     MAX_D,
     DensePayload,
     PatchChain,
     SketchPayload,
     SparsePayload,
     _rice_bits,
-    _varint,
     decode,
     encode,
     index_block_sizes,
     rice_parameter,
 )
-from sluice.errors import WireError
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 CODINGS = ["auto", "rice", "bitmap", "raw"]
@@ -71,7 +73,7 @@ def test_dense_round_trip(seed: int, d: int, dtype: str, lossless: bool) -> None
     p = DensePayload(_values(rng, d, dtype))
     buf = _check_round_trip(p, lossless=lossless)
     if not lossless:
-        assert len(buf) == 3 + len(_varint_len(d)) + d * p.values.itemsize + 4
+        assert len(buf) == 4 + len(_varint_len(d)) + d * p.values.itemsize + 4
 
 
 def _varint_len(n: int) -> bytes:
@@ -211,15 +213,15 @@ def test_each_coding_wins_somewhere() -> None:
     for p, want in ((far, "raw"), (spread, "rice"), (dense, "bitmap")):
         sizes = index_block_sizes(p.indices, p.d)
         assert min(sizes, key=sizes.get) == want
-        assert (encode(p)[2] >> 4) & 3 == {"rice": 1, "bitmap": 2, "raw": 3}[want]
+        assert (encode(p)[3] >> 4) & 3 == {"rice": 1, "bitmap": 2, "raw": 3}[want]
 
 
 # -------------------------------------------------------------------------------------- byte counts
 def test_randk_header_is_small() -> None:
     p = SparsePayload(d=26_000, values=np.zeros(500, np.float16), seed=123, scale=26_000 / 500)
     buf = encode(p)
-    # magic, version, flags (3) + varint d (3) + varint k (2) + seed (8) + CRC (4)
-    assert len(buf) == 1000 + 20
+    # magic, version, kind, flags (4) + varint d (3) + varint k (2) + seed (8) + CRC (4)
+    assert len(buf) == 1000 + 21
     explicit_scale = SparsePayload(d=26_000, values=np.zeros(500, np.float16), seed=123, scale=3.0)
     assert len(encode(explicit_scale)) == len(buf) + 8
 
@@ -227,7 +229,7 @@ def test_randk_header_is_small() -> None:
 def test_lossless_flag_and_fallback() -> None:
     zeros = DensePayload(np.zeros(5000, np.float32))
     packed = encode(zeros, lossless=True)
-    assert packed[2] & 0b1000 and len(packed) < 200
+    assert packed[3] & FLAG_ZSTD and len(packed) < 200
     noise = DensePayload(np.random.default_rng(0).standard_normal(5000).astype(np.float32))
     plain = encode(noise)
     maybe = encode(noise, lossless=True)
@@ -268,7 +270,7 @@ def _sample_messages() -> list[bytes]:
 
 def test_sample_messages_use_zstd_where_expected() -> None:
     msgs = _sample_messages()
-    assert [bool(m[2] & 0b1000) for m in msgs] == [False, True] + [False] * 4 + [True, False, True, False]
+    assert [bool(m[3] & FLAG_ZSTD) for m in msgs] == [False, True] + [False] * 4 + [True, False, True, False]
 
 
 @pytest.mark.parametrize("index", range(10))
@@ -310,7 +312,7 @@ def test_checksum_mismatch_is_reported() -> None:
 def test_bad_version_and_magic() -> None:
     buf = bytearray(_sample_messages()[3])
     buf[1] = 7
-    with pytest.raises(WireError, match=r"unsupported version 7 \(this build reads 1\)"):
+    with pytest.raises(WireError, match=r"unsupported version 7 \(this build reads 2\)"):
         decode(bytes(buf))
     buf[0] = 0x00
     with pytest.raises(WireError, match="not a Sluice message"):
@@ -352,14 +354,23 @@ def test_well_signed_but_inconsistent_messages_raise() -> None:
     buf = encode(p, index_coding="rice")
     with pytest.raises(WireError, match="trailing bytes after the last Rice code"):
         decode(_resign(buf[:-4] + b"\x00" + buf[-4:]))
-    # kind 3 (patch chain) with other flag bits set
+    # patch chain with flag bits set (all of a chain's flags are reserved)
     buf = bytearray(encode(DensePayload(np.zeros(2, np.float32))))
-    buf[2] |= 0b111
+    buf[2] = KIND_CHAIN
+    buf[3] |= 0b111
     with pytest.raises(WireError, match="reserved flag bits"):
         decode(_resign(bytes(buf)))
+    # reserved flag bits (0-1) of a dense, sparse or sketch message
+    for p in (DensePayload(np.zeros(2, np.float32)), SparsePayload(d=5, values=np.zeros(2, np.float16), seed=1),
+              SketchPayload(d=5, seed=1, table=np.zeros((1, 2), np.float32))):
+        for bit in (0b01, 0b10):
+            buf = bytearray(encode(p))
+            buf[3] |= bit
+            with pytest.raises(WireError, match="reserved flag bits"):
+                decode(_resign(bytes(buf)))
     # k > d in the header
     buf = bytearray(encode(SparsePayload(d=5, values=np.zeros(2, np.float16), seed=1)))
-    buf[3] = 1
+    buf[4] = 1
     with pytest.raises(WireError, match="k <= d"):
         decode(_resign(bytes(buf)))
 
@@ -368,7 +379,7 @@ def test_zstd_size_claims_are_checked() -> None:
     p = DensePayload(np.zeros(1000, np.float32))
     other = encode(DensePayload(np.zeros(999, np.float32)), lossless=True)
     buf = encode(p, lossless=True)
-    head = 3 + 2
+    head = 4 + 2
     spliced = buf[:head] + other[head:-4]
     with pytest.raises(WireError, match="compressed body"):
         decode(_resign(spliced + b"\0\0\0\0"))
@@ -411,7 +422,7 @@ def test_patch_chain_round_trip_and_corruption(parts: int) -> None:
     chain_ = _chain(parts, parts)
     buf = encode(chain_)
     assert decode(buf) == chain_
-    assert len(buf) == 3 + 1 + sum(len(encode(p)) + len(_varint(len(encode(p)))) for p in chain_.parts) + 4
+    assert len(buf) == 4 + 1 + sum(len(encode(p)) + len(_varint(len(encode(p)))) for p in chain_.parts) + 4
     for cut in range(len(buf)):
         with pytest.raises(WireError):
             decode(buf[:cut])

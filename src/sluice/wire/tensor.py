@@ -1,18 +1,19 @@
-"""Wire format of split training: tensors and control messages as self-describing byte strings.
+"""Messages of split training over the Sluice frame (format version 2, :mod:`sluice.wire.frame`).
 
 Every byte count Sluice reports for split training is ``len()`` of a string produced here.
 
 Layout (all integers little-endian)::
 
-    frame   = magic "SLT" | version u8 | kind u8 | reserved u8 | crc32 u32 | body
-    body    = tensor | control | raw
-    tensor  = step u32 | group u32 | dtype u8 | ndim u8 | tag_len u8 | tag (ASCII) | dims u32 * ndim | data
-    control = UTF-8 JSON object {"type": str, ...}
-    raw     = opaque bytes (link probes)
+    frame   = magic 0x53 | version u8 (2) | kind u8 | body | crc32 u32 (of every byte before it)
+    kind 16 tensor  = step u32 | group u32 | dtype u8 | ndim u8 | tag_len u8 | tag (ASCII) | dims u32 * ndim
+                      | data
+    kind 17 control = UTF-8 JSON object {"type": str, ...}
+    kind 18 raw     = opaque bytes (link probes)
 
-``crc32`` covers the body, so a truncated or corrupted frame is detected and raises :class:`WireError`
-instead of yielding wrong numbers. Tensor data is the C-contiguous little-endian element array; its
-length must equal ``prod(dims) * itemsize``.
+A frame adds :data:`FRAME_OVERHEAD` = 7 bytes to its body (format version 1 added 10). The CRC is checked
+before the body is interpreted, so a truncated or corrupted frame raises :class:`WireError` instead of
+yielding wrong numbers. Tensor data is the C-contiguous little-endian element array; its length must equal
+``prod(dims) * itemsize``. The dtype byte is the code of :mod:`sluice.wire.dtypes`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from __future__ import annotations
 import json
 import struct
 import sys
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,39 +28,28 @@ import numpy as np
 import torch
 
 from sluice.errors import WireError
+from sluice.wire import dtypes
+from sluice.wire.frame import FRAME_OVERHEAD, KIND_CONTROL, KIND_RAW, KIND_TENSOR, frame, kind_name, unframe
 
-MAGIC = b"SLT"
-VERSION = 1
-KIND_TENSOR = 1
-KIND_CONTROL = 2
-KIND_RAW = 3
+__all__ = [
+    "FRAME_OVERHEAD",
+    "KINDS",
+    "ControlMsg",
+    "Message",
+    "RawMsg",
+    "TensorMsg",
+    "decode",
+    "encode",
+    "encode_control",
+    "encode_raw",
+    "encode_tensor",
+    "tensor_to_bytes",
+]
 
-_FRAME = struct.Struct("<3sBBBI")  # magic, version, kind, reserved, crc32
+KINDS = (KIND_TENSOR, KIND_CONTROL, KIND_RAW)
+"""The frame kinds of split-training messages."""
+
 _TENSOR = struct.Struct("<IIBBB")  # step, group, dtype, ndim, tag_len
-
-_DTYPES: dict[int, torch.dtype] = {
-    1: torch.float32,
-    2: torch.float64,
-    3: torch.float16,
-    4: torch.bfloat16,
-    5: torch.int64,
-    6: torch.int32,
-    7: torch.uint8,
-    8: torch.bool,
-}
-_CODES = {v: k for k, v in _DTYPES.items()}
-_NP = {
-    torch.float32: np.dtype("<f4"),
-    torch.float64: np.dtype("<f8"),
-    torch.float16: np.dtype("<f2"),
-    torch.bfloat16: np.dtype("<i2"),  # raw 16-bit pattern
-    torch.int64: np.dtype("<i8"),
-    torch.int32: np.dtype("<i4"),
-    torch.uint8: np.dtype("u1"),
-    torch.bool: np.dtype("u1"),
-}
-
-FRAME_OVERHEAD = _FRAME.size
 
 
 @dataclass
@@ -91,13 +80,6 @@ class RawMsg:
 Message = TensorMsg | ControlMsg | RawMsg
 
 
-def _frame(kind: int, body: bytes | bytearray | memoryview, *parts: bytes) -> bytes:
-    crc = zlib.crc32(body)
-    for p in parts:
-        crc = zlib.crc32(p, crc)
-    return b"".join((_FRAME.pack(MAGIC, VERSION, kind, 0, crc), body, *parts))
-
-
 def tensor_to_bytes(t: torch.Tensor) -> bytes:
     """The element array of ``t`` as little-endian bytes (C order)."""
     t = t.detach()
@@ -117,8 +99,9 @@ def tensor_to_bytes(t: torch.Tensor) -> bytes:
 
 def encode_tensor(step: int, group: int, tag: str, tensor: torch.Tensor) -> bytes:
     """Encode one tensor message; raises :class:`WireError` for unsupported dtypes or oversized fields."""
-    if tensor.dtype not in _CODES:
-        allowed = ", ".join(str(d) for d in _CODES)
+    wdt = dtypes.of_torch(tensor.dtype)
+    if wdt is None:
+        allowed = ", ".join(f"torch.{t.long_name}" for t in dtypes.DTYPES)
         raise WireError(f"cannot encode a tensor of dtype {tensor.dtype}; allowed: {allowed}")
     tag_b = tag.encode("ascii")
     if not 0 < len(tag_b) < 256:
@@ -127,9 +110,9 @@ def encode_tensor(step: int, group: int, tag: str, tensor: torch.Tensor) -> byte
         raise WireError(f"tensor has {tensor.dim()} dimensions; at most 255 are allowed")
     if not (0 <= step < 2**32 and 0 <= group < 2**32):
         raise WireError(f"step and group must fit in 32 bits, got step={step} group={group}")
-    head = _TENSOR.pack(step, group, _CODES[tensor.dtype], tensor.dim(), len(tag_b)) + tag_b
+    head = _TENSOR.pack(step, group, wdt.code, tensor.dim(), len(tag_b)) + tag_b
     head += struct.pack(f"<{tensor.dim()}I", *tensor.shape)
-    return _frame(KIND_TENSOR, head, tensor_to_bytes(tensor))
+    return frame(KIND_TENSOR, head, tensor_to_bytes(tensor))
 
 
 def encode_control(type_: str, body: dict[str, Any] | None = None) -> bytes:
@@ -138,12 +121,12 @@ def encode_control(type_: str, body: dict[str, Any] | None = None) -> bytes:
     if "type" in obj:
         raise WireError("control message body may not contain the key 'type'")
     obj["type"] = type_
-    return _frame(KIND_CONTROL, json.dumps(obj, separators=(",", ":")).encode("utf-8"))
+    return frame(KIND_CONTROL, json.dumps(obj, separators=(",", ":")).encode("utf-8"))
 
 
 def encode_raw(data: bytes) -> bytes:
     """Encode opaque bytes (a bandwidth probe)."""
-    return _frame(KIND_RAW, data)
+    return frame(KIND_RAW, data)
 
 
 def encode(msg: Message) -> bytes:
@@ -155,19 +138,9 @@ def encode(msg: Message) -> bytes:
     return encode_raw(msg.data)
 
 
-def decode(frame: bytes | bytearray | memoryview) -> Message:
+def decode(buf: bytes | bytearray | memoryview) -> Message:
     """Decode a frame produced by :func:`encode`; raises :class:`WireError` on any inconsistency."""
-    view = memoryview(frame)
-    if len(view) < _FRAME.size:
-        raise WireError(f"frame of {len(view)} bytes is shorter than the {_FRAME.size}-byte header")
-    magic, version, kind, _, crc = _FRAME.unpack_from(view)
-    if magic != MAGIC:
-        raise WireError(f"bad magic {bytes(magic)!r}: not a Sluice split-training frame")
-    if version != VERSION:
-        raise WireError(f"unsupported wire version {version}; this build reads version {VERSION}")
-    body = view[_FRAME.size :]
-    if zlib.crc32(body) != crc:
-        raise WireError("checksum mismatch: the frame was truncated or corrupted in transit")
+    kind, body = unframe(buf)
     if kind == KIND_CONTROL:
         try:
             obj = json.loads(bytes(body).decode("utf-8"))
@@ -180,13 +153,14 @@ def decode(frame: bytes | bytearray | memoryview) -> Message:
     if kind == KIND_RAW:
         return RawMsg(bytes(body))
     if kind != KIND_TENSOR:
-        raise WireError(f"unknown frame kind {kind}; known kinds are 1 (tensor), 2 (control), 3 (raw)")
+        raise WireError(f"not a split-training message: message kind {kind} ({kind_name(kind)})")
     if len(body) < _TENSOR.size:
         raise WireError("tensor header truncated")
     step, group, code, ndim, tag_len = _TENSOR.unpack_from(body)
     off = _TENSOR.size
-    if code not in _DTYPES:
-        raise WireError(f"unknown dtype code {code}; known codes are {sorted(_DTYPES)}")
+    wdt = dtypes.by_code(code)
+    if wdt is None:
+        raise WireError(f"unknown dtype code {code}; known codes are {[t.code for t in dtypes.DTYPES]}")
     if len(body) < off + tag_len + 4 * ndim:
         raise WireError("tensor header truncated")
     try:
@@ -196,15 +170,14 @@ def decode(frame: bytes | bytearray | memoryview) -> Message:
     off += tag_len
     shape = struct.unpack_from(f"<{ndim}I", body, off)
     off += 4 * ndim
-    dtype = _DTYPES[code]
-    npdt = _NP[dtype]
+    dtype = wdt.torch
     count = int(np.prod(shape, dtype=np.int64)) if ndim else 1
-    if len(body) - off != count * npdt.itemsize:
+    if len(body) - off != count * wdt.itemsize:
         raise WireError(
             f"tensor data is {len(body) - off} bytes but shape {list(shape)} of {dtype} needs "
-            f"{count * npdt.itemsize}"
+            f"{count * wdt.itemsize}"
         )
-    arr = np.frombuffer(body[off:], dtype=npdt).copy().reshape(shape)
+    arr = np.frombuffer(body[off:], dtype=wdt.wire).copy().reshape(shape)
     t = torch.from_numpy(arr)
     if dtype == torch.bfloat16:
         t = t.view(torch.int16).view(torch.bfloat16)

@@ -1,6 +1,6 @@
-"""Sluice wire format, version 1: the only place where payload bytes are produced or parsed.
+"""Vector payloads of federated training, over the Sluice frame (format version 2, :mod:`sluice.wire.frame`).
 
-Three payload kinds travel:
+Four payload kinds travel:
 
 * :class:`DensePayload` -- a full vector of ``d`` values;
 * :class:`SparsePayload` -- ``k`` values at ``k`` of ``d`` coordinates, with either explicit indices or a
@@ -8,27 +8,33 @@ Three payload kinds travel:
   (the estimate is ``s * values`` scattered at the indices);
 * :class:`SketchPayload` -- a ``rows x cols`` count-sketch table of a ``d``-vector plus its hash seed;
 * :class:`PatchChain` -- an ordered list of sparse patches the receiver *adds* one after another (the
-  downlink's per-round server updates). Layout: magic, version, flags (kind 3, other bits zero), varint
-  ``n``, then ``n`` times (varint length, one complete sparse message), then the CRC-32 trailer.
+  downlink's per-round server updates).
 
 Message layout (all integers little-endian)::
 
     offset  size  field
-    0       1     magic 0x53 ("S")
-    1       1     version (1)
-    2       1     flags: bits 0-1 kind (0 dense, 1 sparse, 2 sketch)
-                         bit  2   value dtype (0 fp32, 1 fp16)
+    0       1     magic 0x53 ("S")                                   \\
+    1       1     format version (2)                                  | frame header
+    2       1     kind (1 dense, 2 sparse, 3 sketch, 4 patch chain)  /
+    3       1     flags: bits 0-1 reserved, zero
+                         bit  2   value dtype (0 fp32, 1 fp16; see sluice.wire.dtypes)
                          bit  3   body is zstd-compressed (magicless frame)
                          bits 4-5 index coding, sparse only (0 seed, 1 Golomb-Rice, 2 bitmap, 3 raw u32)
                          bits 6-7 scale, sparse only (0: 1.0, 1: d/k, 2: explicit float64 follows)
-    3       ...   LEB128 varints: dense d | sparse d, k | sketch d, rows, cols
+    4       ...   LEB128 varints: dense d | sparse d, k | sketch d, rows, cols
             8     seed (uint64): sparse with index coding "seed", and sketch
             8     scale (float64): sparse with scale mode 2
             ...   body: values (k or d or rows*cols fp16/fp32), then the index block (sparse)
-    -4      4     CRC-32 of every byte before it
+    -4      4     CRC-32 of every byte before it                     (frame trailer)
 
-A rand-k message of ``k`` fp16 values therefore costs ``3 + len(varint d) + len(varint k) + 8 + 2k + 4``
-bytes: 2k + 20 for d=26,000, k=520.
+A patch chain is: magic, version, kind 4, flags (all bits reserved, zero), varint ``n``, then ``n`` times
+(varint length, one complete framed sparse message), then the CRC-32 trailer.
+
+A rand-k message of ``k`` fp16 values therefore costs ``4 + len(varint d) + len(varint k) + 8 + 2k + 4``
+bytes: 2k + 21 for d=26,000, k=520. Against format version 1 (magic, version, flags, ..., CRC-32) every
+dense, sparse and sketch message is exactly one byte longer (the kind byte), and a patch chain of ``n``
+parts ``n + 1`` bytes longer (plus one byte for each part whose length reaches 128 or 16,384 bytes, where
+its length varint grows).
 
 Index coding of explicit indices ``i_0 < i_1 < ... < i_{k-1}`` picks the smallest of
 
@@ -42,15 +48,14 @@ Index coding of explicit indices ``i_0 < i_1 < ... < i_{k-1}`` picks the smalles
 * raw uint32 indices: ``4k`` bytes.
 
 ``decode(encode(p))`` reproduces ``p`` bit for bit. Anything malformed -- truncated, corrupted, of another
-version, inconsistent -- raises :class:`sluice.errors.WireError`; the CRC is checked before any body
-byte is interpreted.
+version or kind, inconsistent -- raises :class:`sluice.errors.WireError`; the CRC is checked before any
+body byte is interpreted (only the header's size fields are read first, to report truncation exactly).
 """
 
 from __future__ import annotations
 
 import math
 import struct
-import zlib
 from dataclasses import dataclass
 from typing import Literal
 
@@ -58,20 +63,39 @@ import numpy as np
 import zstandard
 
 from sluice.errors import WireError
+from sluice.wire.dtypes import VECTOR_DTYPES, WireDtype, of_numpy
+from sluice.wire.frame import (
+    HEADER,
+    KIND_CHAIN,
+    KIND_DENSE,
+    KIND_SKETCH,
+    KIND_SPARSE,
+    TRAILER,
+    check_crc,
+    check_header,
+    frame,
+    kind_name,
+    kinds,
+    read_varint,
+    unframe,
+    varint,
+)
 
-MAGIC = 0x53
-VERSION = 1
 MAX_D = 2**32 - 1
 """Largest vector length a sparse or sketch payload may describe (indices travel as uint32)."""
 
-KIND_DENSE, KIND_SPARSE, KIND_SKETCH, KIND_CHAIN = 0, 1, 2, 3
-_KIND_NAMES = {KIND_DENSE: "dense", KIND_SPARSE: "sparse", KIND_SKETCH: "sketch", KIND_CHAIN: "chain"}
+KINDS = (KIND_DENSE, KIND_SPARSE, KIND_SKETCH, KIND_CHAIN)
+"""The frame kinds of vector payloads."""
 CODING_SEED, CODING_RICE, CODING_BITMAP, CODING_RAW = 0, 1, 2, 3
 _CODINGS = {"rice": CODING_RICE, "bitmap": CODING_BITMAP, "raw": CODING_RAW}
 _SCALE_ONE, _SCALE_D_OVER_K, _SCALE_EXPLICIT = 0, 1, 2
+FLAG_FP16 = 1 << 2
+"""Flags bit: the values are fp16 (:data:`sluice.wire.dtypes.FP16`), else fp32."""
+FLAG_ZSTD = 1 << 3
+"""Flags bit: the body is zstd-compressed."""
+_RESERVED = 0b11
 _MAX_RICE = 32
-_TRAILER = 4
-_FIXED = 3
+_FIXED = HEADER + 1  # frame header and flags
 
 IndexCoding = Literal["auto", "rice", "bitmap", "raw"]
 
@@ -85,10 +109,16 @@ _ZSTD_PARAMS = zstandard.ZstdCompressionParameters.from_level(
 )
 
 
+def _value_type(arr: np.ndarray) -> WireDtype | None:
+    """The table entry of a vector payload's value type, or None when vector payloads cannot carry it."""
+    t = of_numpy(arr.dtype)
+    return t if t is not None and t.vector_bit is not None else None
+
+
 # ----------------------------------------------------------------------------------------------- payloads
 def _check_values(values: object, what: str) -> np.ndarray:
     arr = np.asarray(values)
-    if arr.dtype not in (np.float16, np.float32):
+    if _value_type(arr) is None:
         raise WireError(f"{what} must be float16 or float32 (cast them first), got {arr.dtype}")
     return arr
 
@@ -251,36 +281,6 @@ Payload = DensePayload | SparsePayload | SketchPayload | PatchChain
 """Any payload the wire format carries."""
 
 
-# ------------------------------------------------------------------------------------------------ varints
-def _varint(n: int) -> bytes:
-    """Unsigned LEB128: 7 bits per byte, low group first, high bit set on every byte but the last."""
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def _read_varint(buf: bytes, pos: int, field: str) -> tuple[int, int]:
-    n = 0
-    shift = 0
-    while True:
-        if pos >= len(buf):
-            raise _truncated(pos + 1 + _TRAILER, len(buf), at_least=True)
-        b = buf[pos]
-        pos += 1
-        n |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return n, pos
-        shift += 7
-        if shift > 63:
-            raise WireError(f"malformed header: varint {field} is longer than 64 bits")
-
-
 # ------------------------------------------------------------------------------------------ index coding
 def _gaps(indices: np.ndarray) -> np.ndarray:
     """``g_0 = i_0``, ``g_j = i_j - i_{j-1} - 1`` (all >= 0 for sorted unique indices)."""
@@ -402,7 +402,9 @@ def _choose_coding(indices: np.ndarray, d: int) -> int:
 
 # --------------------------------------------------------------------------------------------- encoding
 def _value_bytes(arr: np.ndarray) -> bytes:
-    return arr.astype("<f2" if arr.dtype == np.float16 else "<f4", copy=False).tobytes()
+    t = _value_type(arr)
+    assert t is not None  # payload constructors check the value type
+    return arr.astype(t.wire, copy=False).tobytes()
 
 
 def encode(
@@ -414,26 +416,25 @@ def encode(
     """Serialise a payload (layout in the module docstring); ``len()`` of the result is its wire cost.
 
     ``lossless=True`` zstd-compresses the body; when that would not make the message smaller the body
-    is sent as is (and the header says so). ``index_coding`` forces the coding of explicit sparse
+    is sent as is (and the flags say so). ``index_coding`` forces the coding of explicit sparse
     indices ("auto" picks the smallest of "rice", "bitmap", "raw").
     """
     if index_coding != "auto" and index_coding not in _CODINGS:
         raise WireError(f"index_coding must be one of auto, rice, bitmap, raw; got {index_coding!r}")
     if isinstance(payload, PatchChain):
         parts = [encode(p, lossless=lossless, index_coding=index_coding) for p in payload.parts]
-        msg = bytes([MAGIC, VERSION, KIND_CHAIN]) + _varint(len(parts))
-        msg += b"".join(_varint(len(part)) + part for part in parts)
-        return msg + struct.pack("<I", zlib.crc32(msg))
+        body = bytes([0]) + varint(len(parts))
+        return frame(KIND_CHAIN, body, *(varint(len(part)) + part for part in parts))
     extra = b""
     if isinstance(payload, DensePayload):
         kind, arr = KIND_DENSE, payload.values
-        head = _varint(payload.d)
+        head = varint(payload.d)
         body = _value_bytes(arr)
         high = 0
     elif isinstance(payload, SparsePayload):
         kind, arr = KIND_SPARSE, payload.values
         d, k = payload.d, payload.k
-        head = _varint(d) + _varint(k)
+        head = varint(d) + varint(k)
         if payload.indices is None:
             coding = CODING_SEED
             extra = struct.pack("<Q", payload.seed)
@@ -457,20 +458,21 @@ def encode(
         body = _value_bytes(arr) + block
     elif isinstance(payload, SketchPayload):
         kind, arr = KIND_SKETCH, payload.table
-        head = _varint(payload.d) + _varint(payload.rows) + _varint(payload.cols)
+        head = varint(payload.d) + varint(payload.rows) + varint(payload.cols)
         extra = struct.pack("<Q", payload.seed)
         body = _value_bytes(np.ascontiguousarray(arr))
         high = 0
     else:
         raise WireError(f"cannot encode a {type(payload).__name__}: expected a Dense/Sparse/Sketch payload")
-    flags = kind | (int(arr.dtype == np.float16) << 2) | high
+    vtype = _value_type(arr)
+    assert vtype is not None and vtype.vector_bit is not None
+    flags = (vtype.vector_bit << 2) | high
     if lossless and body:
         packed = zstandard.ZstdCompressor(compression_params=_ZSTD_PARAMS).compress(body)
         if len(packed) < len(body):
             body = packed
-            flags |= 1 << 3
-    msg = bytes([MAGIC, VERSION, flags]) + head + extra + body
-    return msg + struct.pack("<I", zlib.crc32(msg))
+            flags |= FLAG_ZSTD
+    return frame(kind, bytes([flags]), head, extra, body)
 
 
 # --------------------------------------------------------------------------------------------- decoding
@@ -481,24 +483,24 @@ def _truncated(expected: int, got: int, *, at_least: bool = False) -> WireError:
 
 def _decode_chain(buf: bytes) -> PatchChain:
     n = len(buf)
-    if buf[2] != KIND_CHAIN:
-        raise WireError(f"malformed header: reserved flag bits set (flags=0x{buf[2]:02x})")
-    (stored,) = struct.unpack_from("<I", buf, n - _TRAILER)
-    if stored != zlib.crc32(buf[: n - _TRAILER]):
-        raise WireError(f"checksum mismatch: the {n}-byte patch chain is corrupted or truncated")
-    count, pos = _read_varint(buf, _FIXED, "n")
+    if buf[HEADER] != 0:
+        raise WireError(f"malformed header: reserved flag bits set (flags=0x{buf[HEADER]:02x})")
+    check_crc(buf)
+    count, pos = read_varint(buf, _FIXED, "n", reserve=TRAILER)
     parts = []
     for _ in range(count):
-        size, pos = _read_varint(buf, pos, "part length")
-        if pos + size > n - _TRAILER:
-            raise _truncated(pos + size + _TRAILER, n, at_least=True)
-        part = decode(buf[pos : pos + size])
-        if not isinstance(part, SparsePayload):
-            raise WireError(f"a patch chain part must be sparse, got {payload_kind(part)}")
-        parts.append(part)
+        size, pos = read_varint(buf, pos, "part length", reserve=TRAILER)
+        if pos + size > n - TRAILER:
+            raise _truncated(pos + size + TRAILER, n, at_least=True)
+        part = buf[pos : pos + size]
+        part_kind = check_header(part)
+        if part_kind != KIND_SPARSE:
+            name = kinds().get(part_kind, "unknown")
+            raise WireError(f"a patch chain part must be sparse, got kind {part_kind} ({name})")
+        parts.append(decode(part))
         pos += size
-    if pos != n - _TRAILER:
-        raise WireError(f"patch chain has trailing bytes: expected {pos + _TRAILER} bytes, got {n}")
+    if pos != n - TRAILER:
+        raise WireError(f"patch chain has trailing bytes: expected {pos + TRAILER} bytes, got {n}")
     return PatchChain(tuple(parts))
 
 
@@ -506,20 +508,20 @@ def decode(buf: bytes | bytearray | memoryview) -> Payload:
     """Parse one message produced by :func:`encode`; the exact inverse, or :class:`WireError`."""
     buf = bytes(buf)
     n = len(buf)
-    if n < _FIXED:
-        raise _truncated(_FIXED + 1 + _TRAILER, n, at_least=True)
-    if buf[0] != MAGIC:
-        raise WireError(f"not a Sluice message: first byte is 0x{buf[0]:02x}, expected 0x{MAGIC:02x}")
-    if buf[1] != VERSION:
-        raise WireError(f"unsupported version {buf[1]} (this build reads {VERSION})")
-    flags = buf[2]
-    kind = flags & 0b11
+    kind = check_header(buf)
+    if kind not in KINDS:
+        unframe(buf)  # a corrupted or unknown kind says so
+        raise WireError(f"not a vector payload: message kind {kind} ({kind_name(kind)})")
+    if n < _FIXED + 1 + TRAILER:
+        raise _truncated(_FIXED + 1 + TRAILER, n, at_least=True)
+    flags = buf[HEADER]
     if kind == KIND_CHAIN:
-        if n < _FIXED + 1 + _TRAILER:
-            raise _truncated(_FIXED + 1 + _TRAILER, n, at_least=True)
         return _decode_chain(buf)
-    dtype = np.dtype(np.float16) if flags & 0b100 else np.dtype(np.float32)
-    zstd_body = bool(flags & 0b1000)
+    if flags & _RESERVED:
+        raise WireError(f"malformed header: reserved flag bits set (flags=0x{flags:02x})")
+    vtype = VECTOR_DTYPES[(flags >> 2) & 1]
+    dtype = vtype.numpy
+    zstd_body = bool(flags & FLAG_ZSTD)
     coding = (flags >> 4) & 0b11
     scale_mode = flags >> 6
     pos = _FIXED
@@ -528,11 +530,11 @@ def decode(buf: bytes | bytearray | memoryview) -> Payload:
     if kind == KIND_DENSE:
         if flags >> 4:
             raise WireError(f"malformed header: reserved flag bits set (flags=0x{flags:02x})")
-        d, pos = _read_varint(buf, pos, "d")
+        d, pos = read_varint(buf, pos, "d", reserve=TRAILER)
         count = d
     elif kind == KIND_SPARSE:
-        d, pos = _read_varint(buf, pos, "d")
-        k, pos = _read_varint(buf, pos, "k")
+        d, pos = read_varint(buf, pos, "d", reserve=TRAILER)
+        k, pos = read_varint(buf, pos, "k", reserve=TRAILER)
         if d > MAX_D or k > d:
             raise WireError(f"malformed header: sparse d={d}, k={k} (need k <= d <= {MAX_D})")
         if scale_mode == 3:
@@ -541,20 +543,20 @@ def decode(buf: bytes | bytearray | memoryview) -> Payload:
     else:
         if flags >> 4:
             raise WireError(f"malformed header: reserved flag bits set (flags=0x{flags:02x})")
-        d, pos = _read_varint(buf, pos, "d")
-        rows, pos = _read_varint(buf, pos, "rows")
-        cols, pos = _read_varint(buf, pos, "cols")
+        d, pos = read_varint(buf, pos, "d", reserve=TRAILER)
+        rows, pos = read_varint(buf, pos, "rows", reserve=TRAILER)
+        cols, pos = read_varint(buf, pos, "cols", reserve=TRAILER)
         if d > MAX_D or rows < 1 or cols < 1:
             raise WireError(f"malformed header: sketch d={d}, rows={rows}, cols={cols}")
         count = rows * cols
     if kind == KIND_SKETCH or (kind == KIND_SPARSE and coding == CODING_SEED):
-        if n < pos + 8 + _TRAILER:
-            raise _truncated(pos + 8 + _TRAILER, n, at_least=True)
+        if n < pos + 8 + TRAILER:
+            raise _truncated(pos + 8 + TRAILER, n, at_least=True)
         (seed,) = struct.unpack_from("<Q", buf, pos)
         pos += 8
     if kind == KIND_SPARSE and scale_mode == _SCALE_EXPLICIT:
-        if n < pos + 8 + _TRAILER:
-            raise _truncated(pos + 8 + _TRAILER, n, at_least=True)
+        if n < pos + 8 + TRAILER:
+            raise _truncated(pos + 8 + TRAILER, n, at_least=True)
         (scale,) = struct.unpack_from("<d", buf, pos)
         pos += 8
     elif kind == KIND_SPARSE and scale_mode == _SCALE_D_OVER_K:
@@ -562,7 +564,7 @@ def decode(buf: bytes | bytearray | memoryview) -> Payload:
             raise WireError("malformed header: scale d/k with k=0")
         scale = d / k
 
-    value_bytes = count * dtype.itemsize
+    value_bytes = count * vtype.itemsize
     if kind == KIND_SPARSE:
         fixed_block = {CODING_SEED: 0, CODING_BITMAP: (d + 7) // 8, CODING_RAW: 4 * k}.get(coding)
         min_block = 1 if coding == CODING_RICE else fixed_block
@@ -571,31 +573,25 @@ def decode(buf: bytes | bytearray | memoryview) -> Payload:
         fixed_block = min_block = max_block = 0
     body_size = None if fixed_block is None else value_bytes + fixed_block
     if zstd_body:
-        if n < pos + 1 + _TRAILER:
-            raise _truncated(pos + 1 + _TRAILER, n, at_least=True)
+        if n < pos + 1 + TRAILER:
+            raise _truncated(pos + 1 + TRAILER, n, at_least=True)
     elif body_size is not None:
-        expected = pos + body_size + _TRAILER
+        expected = pos + body_size + TRAILER
         if n < expected:
             raise _truncated(expected, n)
         if n > expected:
             raise WireError(f"message has trailing bytes: expected {expected} bytes, got {n}")
-    elif n < pos + value_bytes + min_block + _TRAILER:
-        raise _truncated(pos + value_bytes + min_block + _TRAILER, n, at_least=True)
+    elif n < pos + value_bytes + min_block + TRAILER:
+        raise _truncated(pos + value_bytes + min_block + TRAILER, n, at_least=True)
 
-    (stored,) = struct.unpack_from("<I", buf, n - _TRAILER)
-    computed = zlib.crc32(buf[: n - _TRAILER])
-    if stored != computed:
-        raise WireError(
-            f"checksum mismatch (stored 0x{stored:08x}, computed 0x{computed:08x}): "
-            f"the {n}-byte message is corrupted or truncated"
-        )
-    body = buf[pos : n - _TRAILER]
+    check_crc(buf)
+    body = buf[pos : n - TRAILER]
     if zstd_body:
         body = _unzstd(body, value_bytes + min_block, value_bytes + max_block)
     if len(body) < value_bytes + min_block or len(body) > value_bytes + max_block:
         raise WireError(f"corrupt body: {len(body)} bytes, expected {value_bytes + min_block}")
     try:
-        values = np.frombuffer(body, dtype=dtype.newbyteorder("<"), count=count).astype(dtype)
+        values = np.frombuffer(body, dtype=vtype.wire, count=count).astype(dtype)
         block = body[value_bytes:]
         if kind == KIND_DENSE:
             return DensePayload(values)
@@ -614,7 +610,7 @@ def decode(buf: bytes | bytearray | memoryview) -> Payload:
     except WireError:
         raise
     except (ValueError, IndexError, OverflowError) as exc:  # pragma: no cover - CRC makes this unlikely
-        raise WireError(f"corrupt {_KIND_NAMES[kind]} body: {exc}") from exc
+        raise WireError(f"corrupt {kind_name(kind)} body: {exc}") from exc
 
 
 def _unzstd(body: bytes, min_size: int, max_size: int) -> bytes:
@@ -637,13 +633,13 @@ def _unzstd(body: bytes, min_size: int, max_size: int) -> bytes:
 
 
 def payload_kind(payload: Payload) -> str:
-    """``"dense"``, ``"sparse"``, ``"sketch"`` or ``"chain"``."""
+    """The kind name of a payload: ``"dense"``, ``"sparse"``, ``"sketch"`` or ``"chain"``."""
     if isinstance(payload, DensePayload):
-        return "dense"
+        return kind_name(KIND_DENSE)
     if isinstance(payload, SparsePayload):
-        return "sparse"
+        return kind_name(KIND_SPARSE)
     if isinstance(payload, SketchPayload):
-        return "sketch"
+        return kind_name(KIND_SKETCH)
     if isinstance(payload, PatchChain):
-        return "chain"
+        return kind_name(KIND_CHAIN)
     raise WireError(f"not a payload: {type(payload).__name__}")

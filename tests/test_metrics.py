@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from sluice.control import Cause, ModelIdentity, train
-from sluice.control.metrics import (
+from sluice.errors import DataError
+from sluice.local import LocalTrainer
+from sluice.metrics import (
     coverage_error,
     coverage_metrics,
     coverage_problem_ratio,
@@ -15,8 +17,6 @@ from sluice.control.metrics import (
     energy_metrics,
     relative_error,
 )
-from sluice.errors import DataError
-from sluice.local import LocalTrainer
 
 
 def test_coverage_problem_ratio_by_hand() -> None:

@@ -1,0 +1,63 @@
+"""Configuration of horizontal FL (``sluice run``): data, model, local training and compression.
+
+Every option has a default that runs: digits split by Dirichlet(0.3) over 20 clients, q = 0.25,
+rand-k uploads, server top-k with error feedback and a per-client sparse downlink. ``train.rounds`` is
+the default iteration limit of a job; ``[termination] iterations`` replaces it when given.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from sluice.data.config import DataConfig
+from sluice.schema import Section
+
+
+class ModelConfig(Section):
+    hidden: list[int] = Field(default_factory=lambda: [128, 128])
+
+    @model_validator(mode="after")
+    def _positive(self) -> ModelConfig:
+        if any(h <= 0 for h in self.hidden):
+            raise ValueError(f"hidden layer sizes must be positive integers, got {self.hidden}")
+        return self
+
+
+class TrainConfig(Section):
+    rounds: int = Field(150, ge=1)
+    participation: float = Field(0.25, gt=0, le=1, description="fraction q of clients sampled per round")
+    dropout: float = Field(0.0, ge=0, lt=1, description="probability a sampled client fails mid-round")
+    local_epochs: int = Field(2, ge=1)
+    batch_size: int = Field(16, ge=1)
+    lr: float = Field(0.05, gt=0)
+    server_lr: float = Field(1.0, gt=0)
+    eval_every: int = Field(1, ge=1)
+
+
+class CompressionConfig(Section):
+    up: Literal["dense", "randk", "topk", "sketch"] = "randk"
+    up_ratio: float = Field(0.02, gt=0, le=1, description="k/d for rand-k and top-k uploads")
+    up_values: Literal["auto", "fp32", "fp16"] = Field(
+        "auto", description="upload value type; auto = fp32 for dense uploads, fp16 for compressed ones"
+    )
+    sketch_rows: int = Field(5, ge=1)
+    sketch_cols_ratio: float = Field(0.1, gt=0, le=1, description="sketch columns as a fraction of d")
+    lossless: Literal["none", "zstd"] = "none"
+    down: Literal["dense", "topk"] = "topk"
+    down_ratio: float = Field(0.005, gt=0, le=1, description="k/d the server applies per round (top-k)")
+    down_values: Literal["auto", "fp32", "fp16"] = Field(
+        "auto", description="type of the server's applied steps; auto = fp16 with top-k, fp32 with dense"
+    )
+    momentum: float = Field(0.0, ge=0, lt=1, description="server momentum rho")
+    downlink: Literal["dense", "initial", "per-client", "anchor"] = "per-client"
+    anchor_every: int = Field(10, ge=1)
+
+
+class HFLConfig(Section):
+    seed: int = 0
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    compression: CompressionConfig = Field(default_factory=CompressionConfig)

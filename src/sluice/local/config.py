@@ -1,0 +1,34 @@
+"""Configuration of plain centralised training (``sluice local``): one embedded dataset, one MLP."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from sluice.schema import Section
+
+
+class LocalData(Section):
+    dataset: Literal["digits", "breast_cancer", "mnist"] = "digits"
+    test_fraction: float = Field(0.2, gt=0, lt=1)
+    max_train_samples: int | None = Field(None, ge=1, description="start with only this many samples")
+
+
+class LocalModel(Section):
+    hidden: list[int] = Field(default_factory=lambda: [64])
+
+
+class LocalTrain(Section):
+    iterations: int = Field(30, ge=1, description="epochs; the default iteration limit of a job")
+    lr: float = Field(0.05, gt=0)
+    momentum: float = Field(0.0, ge=0, lt=1)
+    batch_size: int = Field(32, ge=1)
+    min_samples: int = Field(1, ge=0, description="fewer samples = inadequate training data")
+
+
+class LocalConfig(Section):
+    seed: int = 0
+    data: LocalData = Field(default_factory=LocalData)
+    model: LocalModel = Field(default_factory=LocalModel)
+    train: LocalTrain = Field(default_factory=LocalTrain)

@@ -1,0 +1,128 @@
+"""How a leader reaches its followers: emulated in-process links, gRPC connections to listening followers,
+and follower processes started on this machine (``sluice split party --role follower`` over loopback).
+
+Every function here closes what it opened when it fails, so a failed start leaves no link or process.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO
+
+from sluice.errors import ConfigError, TransportError
+from sluice.transport.emulated import emulated_pair
+from sluice.transport.grpc_link import TlsFiles, connect
+from sluice.transport.link import Link
+
+from .config import SplitConfig, TlsConfig
+
+
+def tls_files(t: TlsConfig) -> TlsFiles | None:
+    if not t.enabled:
+        return None
+    assert t.cert is not None and t.key is not None
+    return TlsFiles(t.cert, t.key, t.ca, t.server_name)
+
+
+def emulated_links(cfg: SplitConfig, names: list[str]) -> tuple[dict[str, Link], list[Link]]:
+    """One emulated link per follower (``transport.emulate``): (leader ends by name, follower ends)."""
+    em = cfg.transport.emulate
+    bw = None if em.bandwidth_mbps is None else em.bandwidth_mbps * 1e6
+    ours: dict[str, Link] = {}
+    theirs: list[Link] = []
+    for name in names:
+        a, b = emulated_pair(bw, em.latency_ms / 1000.0, em.burst_bytes, names=("leader", name))
+        ours[name] = a
+        theirs.append(b)
+    return ours, theirs
+
+
+def connect_followers(cfg: SplitConfig, names: list[str], addresses: list[str]) -> dict[str, Link]:
+    """A gRPC link to each listening follower, in order (all closed again if one cannot be reached)."""
+    if len(addresses) != len(names):
+        raise ConfigError(
+            f"config says followers = {len(names)} but {len(addresses)} addresses were given; give one "
+            "--connect ADDR per follower"
+        )
+    links: dict[str, Link] = {}
+    try:
+        for name, addr in zip(names, addresses, strict=True):
+            links[name] = connect(addr, cfg.transport.connect_timeout_s, tls_files(cfg.transport.tls), "leader")
+    except BaseException:
+        for link in links.values():
+            link.close()
+        raise
+    return links
+
+
+class FollowerProcesses:
+    """One ``sluice split party --role follower`` process per follower, listening on
+    ``transport.listen``; each gets the resolved config as ``party.toml`` in ``workdir`` and logs to
+    ``follower-N.log`` there. They die with this process on Linux, and :meth:`stop` ends every one."""
+
+    def __init__(self, cfg: SplitConfig, names: list[str], workdir: Path) -> None:
+        import tomli_w
+
+        from sluice.runs import _toml_ready
+
+        self.procs: list[subprocess.Popen] = []
+        self.logs: list[IO[str]] = []
+        self.addresses: list[str] = []
+        workdir.mkdir(parents=True, exist_ok=True)
+        cfg_path = workdir / "party.toml"
+        cfg_path.write_text(tomli_w.dumps(_toml_ready(cfg.model_dump())))
+        wait = cfg.transport.connect_timeout_s + 30.0
+        try:
+            ready = []
+            for name in names:
+                rf = workdir / f"{name}.addr"
+                rf.unlink(missing_ok=True)
+                log = open(workdir / f"{name}.log", "w")  # noqa: SIM115 - closed by stop()
+                self.logs.append(log)
+                cmd = [
+                    sys.executable, "-m", "sluice", "split", "party", "--role", "follower",
+                    "--listen", cfg.transport.listen, "--name", name, "--ready-file", str(rf),
+                    "--parent-pid", str(os.getpid()), "--accept-timeout", str(wait), str(cfg_path),
+                ]  # fmt: skip
+                env = dict(os.environ)
+                env.setdefault("OMP_NUM_THREADS", "1")
+                self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
+                ready.append(rf)
+            deadline = time.monotonic() + wait
+            for p, rf, name in zip(self.procs, ready, names, strict=True):
+                while not rf.exists():
+                    if p.poll() is not None:
+                        tail = (workdir / f"{name}.log").read_text()[-2000:]
+                        raise TransportError(f"{name} exited with status {p.returncode} before listening:\n{tail}")
+                    if time.monotonic() > deadline:
+                        raise TransportError(f"{name} did not start listening within {wait:g} s")
+                    time.sleep(0.05)
+                self.addresses.append(rf.read_text().strip())
+        except BaseException:
+            self.stop(0.0)
+            raise
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Wait up to ``grace_s`` for the processes to end by themselves, then terminate (and kill) the rest."""
+        end = time.monotonic() + grace_s
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        end = time.monotonic() + 3.0
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.1, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=5.0)
+        for log in self.logs:
+            log.close()

@@ -1,0 +1,46 @@
+"""The Sluice wire format: every byte Sluice sends, and so every byte it counts, is produced here.
+
+- :mod:`~sluice.wire.frame`: the shared frame (magic, format version 2, kind byte, CRC-32), the kind
+  registry and LEB128 varints;
+- :mod:`~sluice.wire.vector`: vector payloads of federated training (dense, sparse, count sketch, patch
+  chain) and their index codings;
+- :mod:`~sluice.wire.tensor`: messages of split training (tensors, JSON control messages, raw probes);
+- :mod:`~sluice.wire.dtypes`: the one table of element types (names, codes, wire layouts).
+
+Malformed, corrupted, old-format or unknown messages raise :class:`sluice.errors.WireError`. The function
+that wraps a body in a frame is ``sluice.wire.frame.frame`` (not re-exported here: ``sluice.wire.frame`` is
+the module).
+"""
+
+from sluice.wire.dtypes import WireDtype
+from sluice.wire.frame import (
+    FRAME_OVERHEAD,
+    MAGIC,
+    VERSION,
+    kind_name,
+    kinds,
+    read_varint,
+    register_kind,
+    unframe,
+    varint,
+)
+from sluice.wire.vector import DensePayload, PatchChain, Payload, SketchPayload, SparsePayload, payload_kind
+
+__all__ = [
+    "FRAME_OVERHEAD",
+    "MAGIC",
+    "VERSION",
+    "DensePayload",
+    "PatchChain",
+    "Payload",
+    "SketchPayload",
+    "SparsePayload",
+    "WireDtype",
+    "kind_name",
+    "kinds",
+    "payload_kind",
+    "read_varint",
+    "register_kind",
+    "unframe",
+    "varint",
+]
