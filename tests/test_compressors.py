@@ -22,10 +22,12 @@ from sluice.compress import (
     topk,
     topk_indices,
     unsketch,
+    value_type,
     zstd,
 )
 from sluice.errors import ConfigError, WireError
 from sluice.hfl.config import CompressionConfig
+from sluice.wire import dtypes
 from sluice.wire.vector import FLAG_ZSTD, DensePayload, SketchPayload, SparsePayload, decode, encode
 
 SETTINGS = settings(max_examples=80, deadline=None)
@@ -295,6 +297,23 @@ def test_float64_inputs_travel_as_float32() -> None:
     for stage in (dense(), randk(0.3), topk(0.3)):
         p, _ = stage.update(x, None, rng)
         assert p.values.dtype == np.float32
+
+
+@pytest.mark.parametrize(
+    ("setting", "dense_", "expected"),
+    [("auto", True, dtypes.FP32), ("auto", False, dtypes.FP16), ("fp16", True, dtypes.FP16),
+     ("fp32", False, dtypes.FP32)],
+)
+def test_value_type_auto_is_fp32_dense_and_fp16_compressed(
+    setting: str, dense_: bool, expected: dtypes.WireDtype
+) -> None:
+    assert value_type(setting, dense=dense_) is expected
+
+
+def test_value_type_refuses_other_names() -> None:
+    for bad in ("bf16", "float16", "fp64", ""):
+        with pytest.raises(ConfigError, match="auto, fp32, fp16"):
+            value_type(bad, dense=True)
 
 
 def test_errors_are_clear() -> None:

@@ -15,6 +15,7 @@ from sluice.data import (
     synthetic,
 )
 from sluice.data.config import DataConfig
+from sluice.data.datasets import raw_dataset
 from sluice.errors import DataError
 
 
@@ -71,6 +72,23 @@ def test_load_dataset_stratified_and_seeded() -> None:
     test = np.bincount(a.y_test, minlength=10)
     # stratified: each class's test count is its share of the test set, to within one sample
     assert np.all(np.abs(test - full * len(a.y_test) / full.sum()) <= 1.0)
+
+
+@pytest.mark.parametrize(("name", "scale"), [("digits", 16.0), ("mnist", 255.0)])
+def test_load_dataset_scales_the_raw_samples(name: str, scale: float) -> None:
+    X, y = raw_dataset(name)
+    assert not X.flags.writeable and not y.flags.writeable and y.dtype == np.int64
+    assert X.max() == scale
+    ds = load_dataset(name, seed=1)
+    pooled = np.concatenate([ds.X_train, ds.X_test])
+    expected = X.astype(np.float32) / np.float32(scale)
+    # the split only reorders rows: the same multiset of rows
+    assert np.array_equal(pooled[np.lexsort(pooled.T)], expected[np.lexsort(expected.T)])
+
+
+def test_raw_dataset_refuses_unknown_names() -> None:
+    with pytest.raises(DataError, match="unknown dataset 'iris'"):
+        raw_dataset("iris")
 
 
 def test_mnist_has_5000_samples() -> None:

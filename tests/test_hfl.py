@@ -9,8 +9,8 @@ from sluice.config import load_config
 from sluice.hfl import HFLEngine
 from sluice.hfl.config import HFLConfig
 from sluice.hfl.downlink import Downlink, apply_message
-from sluice.hfl.server import aggregate, init_server, server_step
-from sluice.wire.vector import decode, payload_kind
+from sluice.hfl.server import Server, aggregate, init_server, server_step
+from sluice.wire.vector import DensePayload, decode, encode, payload_kind
 
 
 def _small(**over: object):
@@ -74,6 +74,25 @@ def test_dense_ratio_is_fedavg() -> None:
     state, idx, _ = server_step(init_server(np.ones(50, dtype=np.float32)), g, ratio=1.0)
     np.testing.assert_allclose(state.params, 1 + g.astype(np.float32), rtol=0, atol=1e-7)
     assert np.all(state.residual == g - g.astype(np.float32).astype(np.float64))
+
+
+@pytest.mark.parametrize(
+    ("down", "down_values", "expected"),
+    [("topk", "auto", np.float16), ("dense", "auto", np.float32), ("topk", "fp32", np.float32),
+     ("dense", "fp16", np.float16)],
+)
+def test_server_steps_take_the_downlink_value_type(down: str, down_values: str, expected: type) -> None:
+    """``down_values = "auto"`` is fp16 with a top-k downlink and fp32 with a dense one."""
+    cfg = _small(**{"compression.down": down, "compression.down_values": down_values})
+    d = 200
+    server = Server(cfg, np.zeros(d, dtype=np.float32), num_clients=1)
+    server.message(0)
+    g = np.random.default_rng(3).normal(size=d).astype(np.float32)
+    server.receive(0, encode(DensePayload(g)), weight=1.0)
+    server.close_round()
+    (_, idx, step), = server.downlink.log
+    assert step.dtype == expected and len(idx) == (d if down == "dense" else 1)
+    np.testing.assert_array_equal(server.params[idx], step.astype(np.float32))
 
 
 @pytest.mark.parametrize("mode", ["per-client", "anchor", "initial", "dense"])

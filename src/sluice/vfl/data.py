@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from sklearn.datasets import load_breast_cancer, load_digits, make_classification
+from sklearn.datasets import make_classification
 from sklearn.model_selection import train_test_split
 
+from sluice.data.datasets import raw_dataset
 from sluice.errors import DataError
 
 from .config import SplitConfig, SplitDataConfig
@@ -44,12 +45,9 @@ class Table:
 def _table(
     name: str, n_samples: int, n_features: int, n_informative: int, n_classes: int, seed: int
 ) -> Table:
-    if name == "breast_cancer":
-        X, y = load_breast_cancer(return_X_y=True)
-        width = None
-    elif name == "digits":
-        X, y = load_digits(return_X_y=True)
-        width = 8
+    if name in ("breast_cancer", "digits"):
+        X, y = raw_dataset(name)
+        width = 8 if name == "digits" else None
     elif name == "classification":
         if n_informative > n_features:
             raise DataError(

@@ -21,7 +21,7 @@ from sluice.wire.tensor import encode_tensor
 
 from .config import PartyPolicy, SplitDataConfig
 from .data import load_table, party_data
-from .grouping import split_batch
+from .grouping import linear_fit, profile_sizes, split_batch
 from .models import batch_coupled_layers, build_mlp, make_optimizer, num_params, part_seed, torch_dtype
 from .party import Stopped, Worker, fail_peers, to_tensor
 from .schedule import Op
@@ -159,7 +159,7 @@ class Follower(Worker):
         """Seconds of this party's operations for groups of ``n`` samples (linear fit ``a0 + a1 n`` from
         two sizes, best of ``repeats``) and encoded bytes of what it sends per group."""
         assert self.model is not None
-        sizes = [max(1, batch // 16), max(2, batch)]
+        sizes = profile_sizes(batch)
         width = self.proposal["model"]["in"]
         fwd, bwd = [], []
         for n in sizes:
@@ -182,12 +182,8 @@ class Follower(Worker):
         tag = self._forward.sends
         assert tag is not None
         b = [len(encode_tensor(0, 0, tag, torch.zeros(n, emb, dtype=self.dtype))) for n in sizes]
-
-        def fit(v: list[float]) -> list[float]:
-            a1 = max(0.0, (v[1] - v[0]) / (sizes[1] - sizes[0]))
-            return [max(0.0, v[0] - a1 * sizes[0]), a1]
-
-        return {"fwd": fit(fwd), "bwd": fit(bwd), "bytes": fit([float(v) for v in b])}
+        return {"fwd": linear_fit(sizes, fwd), "bwd": linear_fit(sizes, bwd),
+                "bytes": linear_fit(sizes, [float(v) for v in b])}
 
     # -- training --------------------------------------------------------------------------------
     @property

@@ -43,6 +43,19 @@ def split_batch(indices: np.ndarray, groups: int) -> list[np.ndarray]:
     return out
 
 
+def profile_sizes(batch: int) -> list[int]:
+    """The two group sizes a party times its operations at: ``[max(1, B // 16), max(2, B)]``."""
+    return [max(1, batch // 16), max(2, batch)]
+
+
+def linear_fit(sizes: list[int], values: list[float]) -> list[float]:
+    """``[a0, a1]`` of the line ``a0 + a1 n`` through two measurements ``(n0, v0)``, ``(n1, v1)``, clamped
+    to be non-negative: ``a1 = max(0, (v1 - v0) / (n1 - n0))``, ``a0 = max(0, v0 - a1 n0)``."""
+    (n0, n1), (v0, v1) = sizes, values
+    a1 = max(0.0, (v1 - v0) / (n1 - n0))
+    return [max(0.0, v0 - a1 * n0), a1]
+
+
 def seed_formula(bytes_per_batch: float, bandwidth_bytes_s: float, train_time_s: float) -> float:
     """The seed's G: (bits to send for a batch) / (bits/s of the link) / (compute time of the batch)."""
     if bandwidth_bytes_s <= 0 or train_time_s <= 0:

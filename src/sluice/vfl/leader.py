@@ -24,7 +24,16 @@ from sluice.wire.tensor import encode_raw
 
 from .config import SplitConfig
 from .data import party_data
-from .grouping import GroupChoice, PipeStageModel, StepModel, choose_groups, seed_formula, split_batch
+from .grouping import (
+    GroupChoice,
+    PipeStageModel,
+    StepModel,
+    choose_groups,
+    linear_fit,
+    profile_sizes,
+    seed_formula,
+    split_batch,
+)
 from .models import build_mlp, check_exact, make_optimizer, part_seed, torch_dtype, train_last_layers
 from .party import Worker, params_of, to_tensor
 from .schedule import Op
@@ -116,7 +125,7 @@ class Leader(Worker):
 
     def profile_self(self, batch: int) -> dict[str, list[float]]:
         """Linear fits ``a0 + a1 n`` of the leader's operations (seconds for a group of ``n``)."""
-        sizes = [max(1, batch // 16), max(2, batch)]
+        sizes = profile_sizes(batch)
         meas: dict[str, list[float]] = {"head": [], "bottom.fwd": [], "bottom.bwd": []}
         gen = torch.Generator().manual_seed(0)
         for n in sizes:
@@ -138,12 +147,7 @@ class Leader(Worker):
         self.top.zero_grad(set_to_none=True)
         if self.bottom is not None:
             self.bottom.zero_grad(set_to_none=True)
-        out = {}
-        for k, v in meas.items():
-            if v:
-                a1 = max(0.0, (v[1] - v[0]) / (sizes[1] - sizes[0]))
-                out[k] = [max(0.0, v[0] - a1 * sizes[0]), a1]
-        return out
+        return {k: linear_fit(sizes, v) for k, v in meas.items() if v}
 
     def _wait_raw(self, peer: str) -> float:
         while not self.raws[peer]:
@@ -180,7 +184,7 @@ class Leader(Worker):
         """Measure, predict the step time for every G and pick the best (see :mod:`sluice.vfl.grouping`)."""
         B = self.task.hparams["batch_size"]
         mine = self.profile_self(B)
-        emb_bytes = B * self.cfg.model.embedding * (8 if self.cfg.model.dtype == "float64" else 4)
+        emb_bytes = B * self.cfg.model.embedding * self.dtype.itemsize
         nbytes = int(min(2 << 20, max(64 << 10, emb_bytes)))
         prof: dict[str, dict[str, Any]] = {}
         for name in self.followers:

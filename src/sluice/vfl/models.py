@@ -15,17 +15,18 @@ import torch
 from torch import nn
 
 from sluice.errors import ConfigError
+from sluice.wire import dtypes
 
 _ACT = {"relu": nn.ReLU, "tanh": nn.Tanh}
-_DT = {"float32": torch.float32, "float64": torch.float64}
+_MODEL_DTYPES = (dtypes.FP32, dtypes.FP64)
 
 
 def torch_dtype(name: str) -> torch.dtype:
     """The torch dtype of a spec's ``dtype`` name (``float32`` or ``float64``)."""
-    try:
-        return _DT[name]
-    except KeyError:
-        raise ConfigError(f"unknown dtype {name!r}; allowed: {', '.join(_DT)}") from None
+    for t in _MODEL_DTYPES:
+        if t.long_name == name:
+            return t.torch
+    raise ConfigError(f"unknown dtype {name!r}; allowed: {', '.join(t.long_name for t in _MODEL_DTYPES)}")
 
 
 def part_seed(seed: int, part: str) -> int:
@@ -66,7 +67,7 @@ def build_mlp(spec: dict[str, Any], seed: int) -> nn.Sequential:
     """Linear -> [BatchNorm] -> activation per hidden layer, then Linear [-> activation]."""
     try:
         act = _ACT[spec["activation"]]
-        dtype = _DT[spec["dtype"]]
+        dtype = torch_dtype(spec["dtype"])
         dims = [int(spec["in"]), *[int(h) for h in spec["hidden"]], int(spec["out"])]
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"invalid model spec {spec!r}: {exc!r}") from exc

@@ -67,6 +67,9 @@ INT32 = WireDtype(6, "int32", "int32", np.dtype("<i4"))
 UINT8 = WireDtype(7, "uint8", "uint8", np.dtype("u1"))
 BOOL = WireDtype(8, "bool", "bool", np.dtype("u1"))
 
+FP16_MAX: float = float(np.finfo(np.float16).max)
+"""Largest finite fp16 value (65504): where values rounded to fp16 saturate instead of overflowing."""
+
 DTYPES: tuple[WireDtype, ...] = (FP32, FP64, FP16, BF16, INT64, INT32, UINT8, BOOL)
 """Every element type, in code order."""
 
