@@ -73,3 +73,13 @@ def test_the_probe_sees_heavy_imports(tmp_path: Path) -> None:
     np.savez(bad, X=np.zeros((2, 3)), y=np.zeros(2, dtype=np.int64))
     got = _probe(["data", "add", str(tmp_path / "run"), str(bad)])
     assert got["code"] == 2 and "torch" in got["heavy"]
+
+
+@pytest.mark.parametrize("kind", ["hfl", "local", "split"])
+def test_reading_a_job_imports_no_engine(kind: str) -> None:
+    """Validating a job (what a service does on every request) builds no engine and loads no torch."""
+    code = (f"import json, sys\nfrom sluice.jobs import load_job\njob = load_job({kind!r})\n"
+            "print(json.dumps([m for m in sys.modules if m.split('.')[0] in " + repr(list(HEAVY)) + "]))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []

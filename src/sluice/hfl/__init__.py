@@ -8,16 +8,30 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sluice.hfl.client import Client
-from sluice.hfl.engine import HFLEngine
-from sluice.hfl.server import Server
-
 if TYPE_CHECKING:
+    from sluice.hfl.client import Client
     from sluice.hfl.config import HFLConfig
+    from sluice.hfl.engine import HFLEngine
+    from sluice.hfl.server import Server
 
 __all__ = ["Client", "HFLEngine", "Server", "engine_from_config"]
 
 
+_LAZY = {"Client": "sluice.hfl.client", "HFLEngine": "sluice.hfl.engine", "Server": "sluice.hfl.server"}
+
+
+def __getattr__(name: str) -> object:
+    """Import the engine modules (torch) only when one of their names is used, so that reading a
+    configuration stays light."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def engine_from_config(cfg: HFLConfig) -> HFLEngine:
     """The simulator a ``sluice run`` configuration describes."""
+    from sluice.hfl.engine import HFLEngine
+
     return HFLEngine(cfg)

@@ -4,17 +4,30 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sluice.local.trainer import LocalTrainer
-
 if TYPE_CHECKING:
     from sluice.local.config import LocalConfig
+    from sluice.local.trainer import LocalTrainer
 
 __all__ = ["LocalTrainer", "engine_from_config"]
+
+
+_LAZY = {"LocalTrainer": "sluice.local.trainer"}
+
+
+def __getattr__(name: str) -> object:
+    """Import the engine modules (torch) only when one of their names is used, so that reading a
+    configuration stays light."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def engine_from_config(cfg: LocalConfig) -> LocalTrainer:
     """The trainer a ``sluice local`` configuration describes."""
     from sluice.data import load_dataset
+    from sluice.local.trainer import LocalTrainer
 
     ds = load_dataset(cfg.data.dataset, seed=cfg.seed, test_fraction=cfg.data.test_fraction)
     n = cfg.data.max_train_samples or len(ds.y_train)

@@ -12,13 +12,12 @@ task in one process for its planned steps, without the control plane). The topol
 
 from __future__ import annotations
 
-from .config import SplitConfig
-from .engine import SplitEngine
-from .grouping import PipeStage, chain_bound, group_sizes, lower_bound, seed_formula, split_batch
-from .reference import reference_train
-from .runner import SplitResult, run_inprocess, serve_follower
-from .schedule import Decision, Op, OpGraph, OpType, Scheduler, Subtype
-from .topology import TOPOLOGIES, Topology
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .config import SplitConfig
+    from .engine import SplitEngine
 
 __all__ = [
     "engine_from_config",
@@ -44,7 +43,39 @@ __all__ = [
     "chain_bound",
 ]
 
+_LAZY = {
+    "SplitConfig": "config",
+    "SplitEngine": "engine",
+    "PipeStage": "grouping",
+    "chain_bound": "grouping",
+    "group_sizes": "grouping",
+    "lower_bound": "grouping",
+    "seed_formula": "grouping",
+    "split_batch": "grouping",
+    "reference_train": "reference",
+    "SplitResult": "runner",
+    "run_inprocess": "runner",
+    "serve_follower": "runner",
+    "Decision": "schedule",
+    "Op": "schedule",
+    "OpGraph": "schedule",
+    "OpType": "schedule",
+    "Scheduler": "schedule",
+    "Subtype": "schedule",
+    "TOPOLOGIES": "topology",
+    "Topology": "topology",
+}
+"""Where each public name lives; imported on first use so that reading a configuration stays light."""
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 def engine_from_config(cfg: SplitConfig) -> SplitEngine:
     """The split-training engine a ``sluice split`` configuration describes."""
+    from .engine import SplitEngine
+
     return SplitEngine(cfg)
