@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from sluice._lazy import lazy_exports
+
 if TYPE_CHECKING:
     from sluice.hfl.client import Client
     from sluice.hfl.config import HFLConfig
@@ -16,18 +18,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Client", "HFLEngine", "Server", "engine_from_config"]
 
+_LAZY = {"Client": "client", "HFLEngine": "engine", "Server": "server"}
 
-_LAZY = {"Client": "sluice.hfl.client", "HFLEngine": "sluice.hfl.engine", "Server": "sluice.hfl.server"}
-
-
-def __getattr__(name: str) -> object:
-    """Import the engine modules (torch) only when one of their names is used, so that reading a
-    configuration stays light."""
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _LAZY)
 
 
 def engine_from_config(cfg: HFLConfig) -> HFLEngine:

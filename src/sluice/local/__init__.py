@@ -4,24 +4,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from sluice._lazy import lazy_exports
+
 if TYPE_CHECKING:
     from sluice.local.config import LocalConfig
     from sluice.local.trainer import LocalTrainer
 
 __all__ = ["LocalTrainer", "engine_from_config"]
 
+_LAZY = {"LocalTrainer": "trainer"}
 
-_LAZY = {"LocalTrainer": "sluice.local.trainer"}
-
-
-def __getattr__(name: str) -> object:
-    """Import the engine modules (torch) only when one of their names is used, so that reading a
-    configuration stays light."""
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _LAZY)
 
 
 def engine_from_config(cfg: LocalConfig) -> LocalTrainer:

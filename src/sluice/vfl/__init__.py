@@ -12,8 +12,9 @@ task in one process for its planned steps, without the control plane). The topol
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from sluice._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .config import SplitConfig
@@ -68,11 +69,7 @@ _LAZY = {
 """Where each public name lives; imported on first use so that reading a configuration stays light."""
 
 
-def __getattr__(name: str) -> object:
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+__getattr__ = lazy_exports(__name__, _LAZY)
 
 def engine_from_config(cfg: SplitConfig) -> SplitEngine:
     """The split-training engine a ``sluice split`` configuration describes."""
