@@ -31,18 +31,21 @@ def _toml_ready(obj: Any) -> Any:
     return obj
 
 
+def new_run_path(prefix: str = "run") -> Path:
+    """A fresh ``runs/<prefix>-<timestamp>`` (with ``-1``, ``-2``... when that exists already)."""
+    base = Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
+    path, i = base, 1
+    while path.exists():
+        path = base.with_name(f"{base.name}-{i}")
+        i += 1
+    return path
+
+
 class RunDir:
     """A directory holding everything one run produced."""
 
     def __init__(self, path: str | Path | None, prefix: str = "run") -> None:
-        if path is None:
-            path = Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
-            i = 1
-            base = path
-            while path.exists():
-                path = base.with_name(f"{base.name}-{i}")
-                i += 1
-        self.path = Path(path)
+        self.path = Path(path) if path is not None else new_run_path(prefix)
         self.created = not self.path.exists()
         self.path.mkdir(parents=True, exist_ok=True)
         self._written: set[Path] = {self.path / "metrics.jsonl"}

@@ -22,6 +22,7 @@ from rich.console import Console
 
 from sluice.cli.common import add_config_arguments, mb, run_job
 from sluice.errors import ConfigError
+from sluice.runs import new_run_path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -70,14 +71,7 @@ def plot(records: list[dict[str, Any]], run_dir: Path) -> None:
 def _run_dir(out: str | None) -> Path:
     """``out``, or a new ``runs/split-<timestamp>``: chosen before the run starts, because the leader's
     follower processes log into it."""
-    if out is not None:
-        return Path(out)
-    base = Path("runs") / f"split-{time.strftime('%Y%m%d-%H%M%S')}"
-    path, i = base, 1
-    while path.exists():
-        path = base.with_name(f"{base.name}-{i}")
-        i += 1
-    return path
+    return Path(out) if out is not None else new_run_path("split")
 
 
 def _lead(args: argparse.Namespace, command: str, connect: list[str] | None) -> int:
