@@ -17,6 +17,7 @@ from sluice.control import (
     ProcessRegistry,
     ProcessState,
     Producer,
+    ReplayEngine,
     RequestRefused,
     Termination,
     TrainingProcess,
@@ -25,56 +26,28 @@ from sluice.control import (
 )
 from sluice.engine import IterationEvent
 from sluice.errors import ConfigError, SluiceError, TrainingError
-from sluice.metrics import KNOWN
 
 TIMEOUT = 20.0
 
 
-class GatedEngine:
+class GatedEngine(ReplayEngine):
     """Accuracy rises by 0.01 an iteration; every iteration waits for a permit from the test."""
 
-    metrics = {"test_accuracy": KNOWN["test_accuracy"]}
-    counts_bytes = False
-
     def __init__(self, fail_at: int | None = None) -> None:
+        super().__init__([{"test_accuracy": 0.01 * i} for i in range(1, 101)], counts_bytes=False)
         self.gate = threading.Semaphore(0)
-        self.calls = 0
         self.fail_at = fail_at
-        self.data: list[Any] = []
-        self.suspended = False
-        self.stopped = False
 
     def allow(self, k: int = 1) -> None:
         for _ in range(k):
             self.gate.release()
 
-    def start(self) -> None:
-        pass
-
     def iterate(self) -> IterationEvent:
         if not self.gate.acquire(timeout=TIMEOUT):
             raise TrainingError("the test never let this iteration run")
-        if self.suspended:
-            raise TrainingError("iterate() while suspended")
-        self.calls += 1
-        if self.calls == self.fail_at:
+        if self.calls + 1 == self.fail_at:
             raise RuntimeError("simulated engine crash")
-        return IterationEvent(self.calls, {"test_accuracy": 0.01 * self.calls})
-
-    def stop(self) -> None:
-        self.stopped = True
-
-    def suspend(self) -> None:
-        self.suspended = True
-
-    def resume(self) -> None:
-        self.suspended = False
-
-    def add_data(self, data: Any) -> None:
-        self.data.append(data)
-
-    def save(self, path: str) -> str:
-        return path
+        return super().iterate()
 
 
 def _until(cond: Callable[[], bool], what: str) -> None:
