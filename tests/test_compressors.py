@@ -210,7 +210,7 @@ def test_randk_message_carries_no_indices() -> None:
 
 
 @pytest.mark.parametrize("up", ["dense", "randk", "topk", "sketch"])
-@pytest.mark.parametrize("values", ["auto", "fp32", "fp16"])
+@pytest.mark.parametrize("values", ["auto", "fp32", "fp16", "int8"])
 @pytest.mark.parametrize("lossless", ["none", "zstd"])
 def test_make_uplink_round_trips(up: str, values: str, lossless: str) -> None:
     rng = np.random.default_rng(5)
@@ -226,17 +226,22 @@ def test_make_uplink_round_trips(up: str, values: str, lossless: str) -> None:
     other, _ = comp.encode(x, comp.init(d), np.random.default_rng(7))
     assert (buf != other) == (up in ("randk", "sketch"))
     p = decode(buf)
-    fp16 = values == "fp16" or (values == "auto" and up != "dense")
+    wire = value_type(values, dense=up == "dense").numpy
+    if up == "sketch" and wire == np.int8:
+        wire = np.float16  # a sketch table is not quantised
     arr = p.table if isinstance(p, SketchPayload) else p.values
-    assert arr.dtype == (np.float16 if fp16 else np.float32)
+    assert arr.dtype == wire
     est = decode_to_dense(buf, d)
     assert est.shape == (d,) and est.dtype == np.float64
-    xr = x.astype(np.float16 if fp16 else np.float32).astype(np.float64)  # x as it travels
+    if wire == np.int8:  # x as it travels: int8 steps of the message's scale
+        xr = np.rint(x / p.vscale) * np.float64(np.float32(p.vscale))
+    else:
+        xr = x.astype(wire).astype(np.float64)
     if up == "dense":
-        assert np.array_equal(est, xr)
+        np.testing.assert_allclose(est, xr, rtol=1e-6, atol=0)
         assert isinstance(p, DensePayload)
     elif up == "topk":
-        assert np.array_equal(est[p.indices], xr[p.indices])
+        np.testing.assert_allclose(est[p.indices], xr[p.indices], rtol=1e-6, atol=0)
         assert p.k == 300
     elif up == "randk":
         assert p.k == 300 and p.indices is None
@@ -301,10 +306,10 @@ def test_float64_inputs_travel_as_float32() -> None:
 
 @pytest.mark.parametrize(
     ("setting", "dense_", "expected"),
-    [("auto", True, dtypes.FP32), ("auto", False, dtypes.FP16), ("fp16", True, dtypes.FP16),
-     ("fp32", False, dtypes.FP32)],
+    [("auto", True, dtypes.FP32), ("auto", False, dtypes.INT8), ("fp16", True, dtypes.FP16),
+     ("fp32", False, dtypes.FP32), ("int8", False, dtypes.INT8)],
 )
-def test_value_type_auto_is_fp32_dense_and_fp16_compressed(
+def test_value_type_auto_is_fp32_dense_and_int8_compressed(
     setting: str, dense_: bool, expected: dtypes.WireDtype
 ) -> None:
     assert value_type(setting, dense=dense_) is expected

@@ -10,7 +10,7 @@ from sluice.hfl import HFLEngine
 from sluice.hfl.config import HFLConfig
 from sluice.hfl.downlink import Downlink, apply_message
 from sluice.hfl.server import Server, aggregate, init_server, server_step
-from sluice.wire.vector import DensePayload, decode, encode, payload_kind
+from sluice.wire.vector import DensePayload, decode, encode, float_values, payload_kind
 
 
 def _small(**over: object):
@@ -21,7 +21,7 @@ def _small(**over: object):
 
 
 @pytest.mark.parametrize("rho", [0.0, 0.9])
-@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int8])
 def test_error_feedback_invariant(rho: float, dtype: type) -> None:
     """Σ applied + residual = Σ aggregated (with momentum: Σ momentum increments), coordinate-wise."""
     rng = np.random.default_rng(0)
@@ -32,7 +32,8 @@ def test_error_feedback_invariant(rho: float, dtype: type) -> None:
         g = rng.normal(size=d)
         before = state.params.astype(np.float64).copy()
         state, idx, step = server_step(state, g, ratio=0.02, rho=rho, lr=1.0, value_dtype=dtype)
-        assert step.dtype == dtype
+        assert step.values.dtype == dtype and (step.vscale is not None) == (dtype == np.int8)
+        assert np.array_equal(step.indices, idx)
         applied = state.params.astype(np.float64) - before
         assert np.count_nonzero(applied) <= 10
         assert set(np.flatnonzero(applied)) <= set(idx.tolist())
@@ -55,7 +56,7 @@ def test_error_feedback_is_exact_per_step() -> None:
     new, idx, step = server_step(state, g, ratio=0.05, rho=0.0, value_dtype=np.float16)
     applied = np.zeros(d)
     applied[idx] = new.params[idx].astype(np.float64)
-    np.testing.assert_array_equal(applied[idx], step.astype(np.float64))
+    np.testing.assert_array_equal(applied[idx], step.values.astype(np.float64))
     np.testing.assert_array_equal(applied + new.residual, g)  # exact: residual absorbs fp16 rounding
     assert np.abs(new.residual[idx]).max() > 0
     assert len(idx) == 15
@@ -78,11 +79,11 @@ def test_dense_ratio_is_fedavg() -> None:
 
 @pytest.mark.parametrize(
     ("down", "down_values", "expected"),
-    [("topk", "auto", np.float16), ("dense", "auto", np.float32), ("topk", "fp32", np.float32),
-     ("dense", "fp16", np.float16)],
+    [("topk", "auto", np.int8), ("dense", "auto", np.float32), ("topk", "fp32", np.float32),
+     ("dense", "fp16", np.float16), ("topk", "fp16", np.float16)],
 )
 def test_server_steps_take_the_downlink_value_type(down: str, down_values: str, expected: type) -> None:
-    """``down_values = "auto"`` is fp16 with a top-k downlink and fp32 with a dense one."""
+    """``down_values = "auto"`` is int8 (with a per-step scale) with a top-k downlink, fp32 with a dense one."""
     cfg = _small(**{"compression.down": down, "compression.down_values": down_values})
     d = 200
     server = Server(cfg, np.zeros(d, dtype=np.float32), num_clients=1)
@@ -90,13 +91,14 @@ def test_server_steps_take_the_downlink_value_type(down: str, down_values: str, 
     g = np.random.default_rng(3).normal(size=d).astype(np.float32)
     server.receive(0, encode(DensePayload(g)), weight=1.0)
     server.close_round()
-    (_, idx, step), = server.downlink.log
-    assert step.dtype == expected and len(idx) == (d if down == "dense" else 1)
-    np.testing.assert_array_equal(server.params[idx], step.astype(np.float32))
+    (_, step), = server.downlink.log
+    idx = step.indices
+    assert step.values.dtype == expected and len(idx) == (d if down == "dense" else 1)
+    np.testing.assert_array_equal(server.params[idx], float_values(step))
 
 
 @pytest.mark.parametrize("mode", ["per-client", "anchor", "initial", "dense"])
-@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.int8])
 def test_stale_client_reconstructs_bit_exactly(mode: str, dtype: type) -> None:
     """A client that skipped s rounds rebuilds the server model bit for bit from one message."""
     rng = np.random.default_rng(2)
@@ -119,7 +121,7 @@ def test_stale_client_reconstructs_bit_exactly(mode: str, dtype: type) -> None:
             sizes.append(len(msg))
             kinds.add(payload_kind(decode(msg)))
         state, idx, step = server_step(state, rng.normal(size=d), ratio=0.01, value_dtype=dtype)
-        down.record(idx, step)
+        down.record(step)
         broadcast = down.anchor_broadcast(state.params)
         assert (broadcast is not None) == (mode == "anchor" and rnd % 4 == 0)
         if broadcast is not None:  # every client patches its copy of the previous anchor
@@ -129,8 +131,8 @@ def test_stale_client_reconstructs_bit_exactly(mode: str, dtype: type) -> None:
     dense_len = max(sizes)
     if mode != "dense":
         assert min(sizes) < dense_len / 5  # sparse patches are much smaller than the dense model
-    if mode in ("per-client", "anchor") and dtype == np.float16:
-        assert "chain" in kinds  # fp16 steps make the patch chain the smallest message at least once
+    if mode in ("per-client", "anchor") and dtype != np.float32:
+        assert "chain" in kinds  # compact steps make the patch chain the smallest message at least once
     if mode == "dense":
         assert kinds == {"dense"}
 
@@ -142,13 +144,13 @@ def test_downlink_log_is_pruned_once_every_client_synced() -> None:
     down = Downlink(d, "per-client", num_clients=2)
     for _ in range(5):
         state, idx, step = server_step(state, rng.normal(size=d), ratio=0.01, value_dtype=np.float16)
-        down.record(idx, step)
+        down.record(step)
     assert len(down.log) == 5  # nobody synced yet: everything is needed
     down.message(0, state.params)
     down.message(1, state.params)
     state, idx, step = server_step(state, rng.normal(size=d), ratio=0.01, value_dtype=np.float16)
-    down.record(idx, step)
-    assert [r for r, _, _ in down.log] == [6]
+    down.record(step)
+    assert [r for r, _ in down.log] == [6]
 
 
 def test_per_client_message_grows_with_staleness() -> None:
@@ -161,7 +163,7 @@ def test_per_client_message_grows_with_staleness() -> None:
     lengths = {}
     for rnd in range(1, 11):
         state, idx, step = server_step(state, rng.normal(size=d), ratio=0.005)
-        down.record(idx, step)
+        down.record(step)
         if rnd == 1:
             lengths["fresh"] = len(down.message(0, state.params))
     lengths["stale"] = len(down.message(1, state.params))

@@ -270,7 +270,7 @@ def test_tensor_frames_are_three_bytes_shorter_than_in_version_1() -> None:
 
 # --------------------------------------------------------------------------------------- dtype table
 def test_dtype_table_is_consistent() -> None:
-    assert [t.code for t in dtypes.DTYPES] == list(range(1, 9))
+    assert [t.code for t in dtypes.DTYPES] == list(range(1, 10))
     for t in dtypes.DTYPES:
         assert dtypes.by_code(t.code) is t and dtypes.by_name(t.name) is t and dtypes.by_name(t.long_name) is t
         assert dtypes.of_torch(t.torch) is t

@@ -360,10 +360,11 @@ def test_well_signed_but_inconsistent_messages_raise() -> None:
     buf[3] |= 0b111
     with pytest.raises(WireError, match="reserved flag bits"):
         decode(_resign(bytes(buf)))
-    # reserved flag bits (0-1) of a dense, sparse or sketch message
-    for p in (DensePayload(np.zeros(2, np.float32)), SparsePayload(d=5, values=np.zeros(2, np.float16), seed=1),
-              SketchPayload(d=5, seed=1, table=np.zeros((1, 2), np.float32))):
-        for bit in (0b01, 0b10):
+    # reserved value codings (2, 3) of a dense or sparse message, any coding of a sketch, int8 with fp16
+    for p, bits in ((DensePayload(np.zeros(2, np.float32)), (0b10, 0b11, 0b101)),
+                    (SparsePayload(d=5, values=np.zeros(2, np.float32), seed=1), (0b10, 0b11, 0b101)),
+                    (SketchPayload(d=5, seed=1, table=np.zeros((1, 2), np.float32)), (0b01, 0b10))):
+        for bit in bits:
             buf = bytearray(encode(p))
             buf[3] |= bit
             with pytest.raises(WireError, match="reserved flag bits"):

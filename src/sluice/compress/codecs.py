@@ -44,6 +44,7 @@ from sluice.wire.vector import (
     SparsePayload,
     decode,
     encode,
+    float_values,
 )
 
 _SEED_BOUND = 2**63
@@ -160,12 +161,12 @@ def to_dense(payload: Payload, d: int | None = None) -> np.ndarray:
     if d is not None and d != n:
         raise WireError(f"payload describes a vector of length {n}, expected {d}")
     if isinstance(payload, DensePayload):
-        return payload.values.astype(np.float64)
+        return float_values(payload).astype(np.float64)
     if isinstance(payload, SketchPayload):
         return unsketch(payload)
     idx = payload.indices if payload.indices is not None else randk_indices(n, payload.k, payload.seed)
     out = np.zeros(n, dtype=np.float64)
-    out[idx] = payload.values.astype(np.float64) * payload.scale
+    out[idx] = float_values(payload).astype(np.float64) * payload.scale
     return out
 
 
@@ -285,21 +286,40 @@ def count_sketch(
     return Stage(init, update)
 
 
+VALUE_TYPES: tuple[dtypes.WireDtype, ...] = (*dtypes.VECTOR_DTYPES, dtypes.INT8)
+"""Value types a vector message may carry: fp32, fp16, and int8 with a per-message float32 scale."""
+
+
 def value_type(setting: str, dense: bool) -> dtypes.WireDtype:
     """The value type of a vector message from its setting (``up_values``, ``down_values``): ``"fp32"``,
-    ``"fp16"``, or ``"auto"`` = fp32 when every coordinate is sent (``dense``) and fp16 when the vector is
-    compressed (sparse or sketched), where the saved bytes matter more than the rounding."""
+    ``"fp16"``, ``"int8"``, or ``"auto"`` = fp32 when every coordinate is sent (``dense``) and int8 when the
+    vector is compressed (sparse or sketched), where the saved bytes matter more than the rounding, which
+    error feedback keeps (the residuals of the client's uploads and of the server's steps)."""
     if setting == "auto":
-        return dtypes.FP32 if dense else dtypes.FP16
+        return dtypes.FP32 if dense else dtypes.INT8
     return _vector_type(setting, "a vector value type", "auto, ")
 
 
 def _vector_type(name: str, what: str, also: str = "") -> dtypes.WireDtype:
     """The vector value type called ``name`` (``"fp32"``, ``"fp16"``); ConfigError naming ``what`` if none."""
-    wire_type = next((t for t in dtypes.VECTOR_DTYPES if t.name == name), None)
+    wire_type = next((t for t in VALUE_TYPES if t.name == name), None)
     if wire_type is None:
-        raise ConfigError(f"{what} must be one of {also}{dtypes.names(dtypes.VECTOR_DTYPES)}; got {name!r}")
+        raise ConfigError(f"{what} must be one of {also}{dtypes.names(VALUE_TYPES)}; got {name!r}")
     return wire_type
+
+
+def quantize_int8(v: np.ndarray) -> tuple[np.ndarray, float]:
+    """``(q, s)``: int8 ``q = rint(v / s)`` in [-127, 127] with the float32 scale ``s = max|v| / 127``
+    (round to nearest; the error, at most ``s/2`` per value, is for error feedback to keep). Non-finite
+    values count as the largest finite ones' sign times 127; an all-zero vector has scale 0."""
+    v = np.asarray(v, dtype=np.float64)
+    finite = np.isfinite(v)
+    top = float(np.abs(v[finite]).max()) if finite.any() else 0.0
+    s = np.float32(top / 127.0)
+    if s == 0 or not np.isfinite(s):
+        return np.where(finite, 0, np.sign(np.nan_to_num(v)) * 127).astype(np.int8), 0.0
+    q = np.clip(np.rint(np.where(finite, v / np.float64(s), np.sign(np.nan_to_num(v)) * 127)), -127, 127)
+    return q.astype(np.int8), float(s)
 
 
 def _to_dtype(v: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -309,11 +329,20 @@ def _to_dtype(v: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return v.astype(dtype)
 
 
-def cast(dtype: Literal["fp16", "fp32"]) -> Stage:
-    """Round the values (or sketch table) to fp16 or fp32; finite values saturate at the fp16 range."""
+def cast(dtype: Literal["fp16", "fp32", "int8"]) -> Stage:
+    """Round the values (or sketch table) to fp16, fp32 or int8 with a per-message scale
+    (:func:`quantize_int8`; a sketch table stays fp16); finite values saturate at the fp16 range."""
     np_dtype = _vector_type(dtype, "cast dtype").numpy
 
     def update(inp: Any, state: Any, rng: np.random.Generator) -> tuple[Payload, Any]:
+        if np_dtype == dtypes.INT8.numpy and isinstance(inp, SparsePayload | DensePayload):
+            q, vscale = quantize_int8(float_values(inp))
+            if isinstance(inp, DensePayload):
+                return DensePayload(q, vscale=vscale), state
+            return SparsePayload(d=inp.d, values=q, indices=inp.indices, seed=inp.seed, scale=inp.scale,
+                                 vscale=vscale), state
+        if np_dtype == dtypes.INT8.numpy:
+            return cast("fp16").update(inp, state, rng)
         if isinstance(inp, SparsePayload):
             out: Payload = SparsePayload(
                 d=inp.d, values=_to_dtype(inp.values, np_dtype), indices=inp.indices, seed=inp.seed,
@@ -328,6 +357,32 @@ def cast(dtype: Literal["fp16", "fp32"]) -> Stage:
         return out, state
 
     return Stage(_no_state, update)
+
+
+def error_feedback(main: Stage, values: Stage, *, biased: bool) -> Stage:
+    """Compress with ``main`` then ``values`` (the value rounding), keeping what did not travel.
+
+    State: the residual ``e`` (float64) and the inner stages' states. Each call compresses ``x + e``.
+    For a biased ``main`` (top-k) the new residual is everything the receiver's estimate lacks,
+    ``e = (x + e) − x̂``: the coordinates left out and the rounding of those sent (error feedback as in
+    EF-SGD, Karimireddy et al. 2019; DGC keeps it at the client the same way). For an unbiased ``main``
+    (rand-k) only the rounding error of the values is kept, ``e = x̃ − x̂`` with ``x̃`` the estimate before
+    rounding: the residual then travels inside the next unbiased estimate, so in expectation every
+    rounding error reaches the server, one participation later, and nothing is lost.
+    """
+
+    def init(d: int) -> tuple[np.ndarray, Any, Any]:
+        return np.zeros(d, dtype=np.float64), main.init(d), values.init(d)
+
+    def update(inp: Any, state: tuple[np.ndarray, Any, Any], rng: np.random.Generator) -> tuple[Any, Any]:
+        residual, s_main, s_values = state
+        x = _vector(inp).astype(np.float64) + residual
+        picked, s_main = main.update(x, s_main, rng)
+        out, s_values = values.update(picked, s_values, rng)
+        residual = (x if biased else to_dense(picked)) - to_dense(out)
+        return out, (residual, s_main, s_values)
+
+    return Stage(init, update)
 
 
 def to_bytes(lossless: bool = False, index_coding: IndexCoding = "auto") -> Stage:
@@ -415,7 +470,10 @@ def make_uplink(cfg: Any) -> Compressor:
         raise ConfigError(f"compression.up must be one of dense, randk, topk, sketch; got {cfg.up!r}")
     if cfg.lossless not in ("none", "zstd"):
         raise ConfigError(f"compression.lossless must be 'none' or 'zstd', got {cfg.lossless!r}")
-    final = zstd() if cfg.lossless == "zstd" else to_bytes()
     name = f"{cfg.up}" + (f"({cfg.up_ratio:g})" if cfg.up in ("randk", "topk") else "")
     name += f"+{values}" + ("+zstd" if cfg.lossless == "zstd" else "")
+    final = zstd() if cfg.lossless == "zstd" else to_bytes()
+    if cfg.up_feedback and cfg.up in ("randk", "topk"):
+        return Compressor(chain(error_feedback(main, cast(values), biased=cfg.up == "topk"), final),
+                          name=name + "+ef")
     return Compressor(chain(main, cast(values), final), name=name)

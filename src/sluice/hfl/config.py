@@ -37,18 +37,22 @@ class TrainConfig(Section):
 
 
 class CompressionConfig(Section):
-    up: Literal["dense", "randk", "topk", "sketch"] = "randk"
+    up: Literal["dense", "randk", "topk", "sketch"] = "topk"
     up_ratio: float = Field(0.02, gt=0, le=1, description="k/d for rand-k and top-k uploads")
-    up_values: Literal["auto", "fp32", "fp16"] = Field(
-        "auto", description="upload value type; auto = fp32 for dense uploads, fp16 for compressed ones"
+    up_values: Literal["auto", "fp32", "fp16", "int8"] = Field(
+        "auto", description="upload value type; auto = fp32 for dense uploads, int8 (with a per-message scale) "
+                            "for compressed ones"
     )
+    up_feedback: bool = Field(True, description="keep what an upload left out (top-k) or rounded (rand-k) "
+                                                "in the client's residual and send it with its next upload")
     sketch_rows: int = Field(5, ge=1)
     sketch_cols_ratio: float = Field(0.1, gt=0, le=1, description="sketch columns as a fraction of d")
     lossless: Literal["none", "zstd"] = "none"
     down: Literal["dense", "topk"] = "topk"
     down_ratio: float = Field(0.005, gt=0, le=1, description="k/d the server applies per round (top-k)")
-    down_values: Literal["auto", "fp32", "fp16"] = Field(
-        "auto", description="type of the server's applied steps; auto = fp16 with top-k, fp32 with dense"
+    down_values: Literal["auto", "fp32", "fp16", "int8"] = Field(
+        "auto", description="type of the server's applied steps; auto = int8 (with a per-step scale) with "
+                            "top-k, fp32 with dense"
     )
     momentum: float = Field(0.0, ge=0, lt=1, description="server momentum rho")
     downlink: Literal["dense", "initial", "per-client", "anchor"] = "per-client"

@@ -30,7 +30,7 @@ import numpy as np
 
 from sluice.errors import ConfigError, WireError
 from sluice.hfl.state import field
-from sluice.wire.vector import DensePayload, PatchChain, SparsePayload, decode, encode
+from sluice.wire.vector import DensePayload, PatchChain, SparsePayload, decode, encode, float_values
 
 MODES = ("dense", "initial", "per-client", "anchor")
 
@@ -49,14 +49,16 @@ class Downlink:
         self.round = 0
         self.anchor_round = 0
         self.synced: dict[int, int] = {}
-        self.log: list[tuple[int, np.ndarray, np.ndarray]] = []
+        self.log: list[tuple[int, SparsePayload]] = []
 
-    def record(self, changed: np.ndarray, step: np.ndarray | None = None) -> None:
-        """Note that the server finished a round adding ``step`` at coordinates ``changed``."""
+    def record(self, step: SparsePayload | None) -> None:
+        """Note that the server finished a round adding ``step`` (a sparse patch; None: nothing changed)."""
         self.round += 1
-        self.stamp[changed] = self.round
-        if self.mode in ("per-client", "anchor") and step is not None:
-            self.log.append((self.round, np.asarray(changed, dtype=np.int64), step))
+        if step is None:
+            return
+        self.stamp[step.indices] = self.round
+        if self.mode in ("per-client", "anchor"):
+            self.log.append((self.round, step))
             self._prune()
 
     def _prune(self) -> None:
@@ -100,7 +102,7 @@ class Downlink:
         return {"kind": "downlink", "d": self.d, "mode": self.mode, "anchor_every": self.anchor_every,
                 "num_clients": self.num_clients, "stamp": self.stamp, "round": self.round,
                 "anchor_round": self.anchor_round, "synced": [[c, r] for c, r in self.synced.items()],
-                "log": [[r, i, s] for r, i, s in self.log]}
+                "log": [[r, p.indices, p.values, p.vscale] for r, p in self.log]}
 
     @classmethod
     def from_tree(cls, tree: dict) -> Downlink:
@@ -114,7 +116,7 @@ class Downlink:
         out.stamp = stamp.astype(np.int32)
         out.round, out.anchor_round = int(rnd), int(anchor)
         out.synced = {int(c): int(r) for c, r in synced}
-        out.log = [(int(r), i, s) for r, i, s in log]
+        out.log = [(int(r), SparsePayload(d=d, values=v, indices=i, vscale=s)) for r, i, v, s in log]
         return out
 
     def _encode(self, params: np.ndarray, base: int | None) -> bytes:
@@ -125,7 +127,7 @@ class Downlink:
         idx = np.flatnonzero(self.stamp > base)
         options = [dense, encode(SparsePayload(d=self.d, values=params[idx].astype(np.float32), indices=idx))]
         if self.log and self.log[0][0] <= base + 1:  # the log covers rounds base+1 .. now
-            parts = [SparsePayload(d=self.d, values=s, indices=i) for r, i, s in self.log if r > base]
+            parts = [p for r, p in self.log if r > base]
             options.append(encode(PatchChain(tuple(parts))))
         return min(options, key=len)
 
@@ -134,18 +136,18 @@ def apply_message(model: np.ndarray | None, buf: bytes) -> np.ndarray:
     """Client side: the model after applying a downlink message to what it held (θ_0 at first)."""
     payload = decode(buf)
     if isinstance(payload, DensePayload):
-        return payload.values.astype(np.float32).copy()
+        return float_values(payload).copy()
     if isinstance(payload, PatchChain):
         if model is None:
             raise WireError("a patch chain needs the model the client already holds")
         out = model.copy()
         for part in payload.parts:
-            out[part.indices] += part.values.astype(np.float32)
+            out[part.indices] += float_values(part)
         return out
     if not isinstance(payload, SparsePayload) or payload.indices is None:
         raise WireError("a downlink message must be a dense model or a sparse patch with explicit indices")
     if model is None:
         raise WireError("a sparse downlink patch needs the model the client already holds")
     out = model.copy()
-    out[payload.indices] = payload.values.astype(np.float32)
+    out[payload.indices] = float_values(payload)
     return out

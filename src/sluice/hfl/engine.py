@@ -38,11 +38,20 @@ from sluice.models import get_flat, num_params, set_flat
 
 
 class HFLEngine(Suspendable):
-    """Implements :class:`sluice.engine.Engine` for horizontal FL; one iteration is one round."""
+    """Implements :class:`sluice.engine.Engine` for horizontal FL; one iteration is one round.
 
-    def __init__(self, cfg: HFLConfig, data: FederatedData | None = None) -> None:
+    ``server_cls`` and ``client_cls`` are the two halves it drives (Sluice's :class:`Server` and
+    :class:`Client` by default). Any pair with the same constructors, ``message``/``receive``/``close_round``
+    and ``sync``/``train``/``receive_anchor``/``train_loss``, and ``state_bytes``/``from_state_bytes`` runs
+    under the same sampling, data and byte accounting: that is how other compression methods are compared
+    with Sluice's on equal terms (:mod:`sluice.hfl.peers`).
+    """
+
+    def __init__(self, cfg: HFLConfig, data: FederatedData | None = None, *,
+                 server_cls: type = Server, client_cls: type = Client) -> None:
         self.cfg = cfg
         self.data = data
+        self.server_cls, self.client_cls = server_cls, client_cls
         self.server: Server | None = None
         self.clients: list[Client] = []
         self._min_samples = 0
@@ -60,9 +69,9 @@ class HFLEngine(Suspendable):
         data = self.data
         self.model = build_model(cfg, data.num_features, data.num_classes)  # scratch for training and tests
         self.theta0 = get_flat(self.model)
-        self.server = Server(cfg, self.theta0, len(data.clients))
-        self.clients = [Client(cfg, c, data.num_features, data.num_classes, model=self.model, theta0=self.theta0)
-                        for c in range(len(data.clients))]
+        self.server = self.server_cls(cfg, self.theta0, len(data.clients))
+        self.clients = [self.client_cls(cfg, c, data.num_features, data.num_classes, model=self.model,
+                                        theta0=self.theta0) for c in range(len(data.clients))]
         for client in self.clients:
             client.set_trainable_layers(self._trainable)
         self._rng = np.random.default_rng(cfg.seed)
@@ -208,7 +217,7 @@ class HFLEngine(Suspendable):
     def probe(self, iterations: int = 2) -> float:
         """Seconds per round, timed on a copy of this engine (this engine is left untouched)."""
         self.start()
-        scratch = HFLEngine(self.cfg, self.data)
+        scratch = HFLEngine(self.cfg, self.data, server_cls=self.server_cls, client_cls=self.client_cls)
         scratch.restore(self.checkpoint())
         t0 = time.perf_counter()
         for _ in range(max(1, iterations)):
@@ -291,8 +300,9 @@ class HFLEngine(Suspendable):
         if len(clients) != len(self.clients):
             raise ConfigError(f"the checkpoint holds {len(clients)} clients, this federation has {len(self.clients)}")
         self.data = dataclasses.replace(self.data, clients=[(X, y) for X, y in data])
-        self.server = Server.from_state_bytes(self.cfg, server)
-        self.clients = [Client.from_state_bytes(self.cfg, b, model=self.model, theta0=self.theta0) for b in clients]
+        self.server = self.server_cls.from_state_bytes(self.cfg, server)
+        self.clients = [self.client_cls.from_state_bytes(self.cfg, b, model=self.model, theta0=self.theta0)
+                        for b in clients]
         self._rng = np.random.default_rng()
         self._rng.bit_generator.state = rng
         self._min_samples, self._trainable = int(min_samples), trainable

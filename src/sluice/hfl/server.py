@@ -33,11 +33,13 @@ import numpy as np
 import numpy.typing as npt
 
 from sluice.compress import decode_to_dense, topk_indices, value_type
+from sluice.compress.codecs import quantize_int8
 from sluice.errors import DataError, TrainingError, WireError
 from sluice.hfl.config import HFLConfig
 from sluice.hfl.downlink import Downlink
 from sluice.hfl.state import field, pack, unpack
 from sluice.wire import dtypes
+from sluice.wire.vector import SparsePayload, float_values
 
 
 @dataclass
@@ -73,12 +75,14 @@ def aggregate(estimates: list[np.ndarray], weights: list[float], d: int) -> np.n
 def server_step(
     state: ServerState, g: np.ndarray, *, ratio: float, rho: float = 0.0, lr: float = 1.0,
     value_dtype: npt.DTypeLike = np.float32,
-) -> tuple[ServerState, np.ndarray, np.ndarray]:
+) -> tuple[ServerState, np.ndarray, SparsePayload]:
     """Apply the top-k of (momentum + residual); return the new state, the applied indices and the step.
 
-    The step ``s = round(lr·acc[idx])`` is in ``value_dtype`` (fp16 values are clipped to its range) and
-    ``params[idx] += s`` in float32: a client that adds the same steps in the same order holds the same
-    model bit for bit. The rounding error stays in the residual: ``Σ s/lr + residual = Σ aggregated``.
+    The step ``s = round(lr·acc[idx])`` is a sparse payload in ``value_dtype`` (fp16 values are clipped to
+    its range; int8 values carry a per-step scale, :func:`sluice.compress.codecs.quantize_int8`) and
+    ``params[idx] += float_values(s)`` in float32: a client that adds the same steps in the same order
+    holds the same model bit for bit. The rounding error stays in the residual:
+    ``Σ s/lr + residual = Σ aggregated``.
     """
     d = g.shape[0]
     momentum = rho * state.momentum + g if rho > 0 else g.astype(np.float64, copy=True)
@@ -88,15 +92,20 @@ def server_step(
     else:
         idx = topk_indices(acc, max(1, int(round(ratio * d))))
     scaled = lr * acc[idx]
-    if np.dtype(value_dtype) == dtypes.FP16.numpy:
-        scaled = np.clip(scaled, -dtypes.FP16_MAX, dtypes.FP16_MAX)
-    step = scaled.astype(value_dtype)
+    if np.dtype(value_dtype) == dtypes.INT8.numpy:
+        q, vscale = quantize_int8(scaled)
+        step = SparsePayload(d=d, values=q, indices=idx, vscale=vscale)
+    else:
+        if np.dtype(value_dtype) == dtypes.FP16.numpy:
+            scaled = np.clip(scaled, -dtypes.FP16_MAX, dtypes.FP16_MAX)
+        step = SparsePayload(d=d, values=scaled.astype(value_dtype), indices=idx)
+    moved = float_values(step)
     residual = acc.copy()
-    residual[idx] -= step.astype(np.float64) / lr
+    residual[idx] -= moved.astype(np.float64) / lr
     if rho > 0 and ratio < 1.0:
         momentum[idx] = 0.0
     params = state.params.copy()
-    params[idx] += step.astype(np.float32)
+    params[idx] += moved
     return ServerState(params=params, residual=residual, momentum=momentum, round=state.round + 1), idx, step
 
 
@@ -169,15 +178,15 @@ class Server:
             ids = sorted(self._uploads)
             g = aggregate([self._uploads[i][0] for i in ids], [self._uploads[i][1] for i in ids], self.d)
             dense_down = c.down == "dense"
-            self.state, changed, step = server_step(
+            self.state, _, step = server_step(
                 self.state, g, ratio=1.0 if dense_down else c.down_ratio, rho=c.momentum,
                 lr=self.cfg.train.server_lr, value_dtype=value_type(c.down_values, dense=dense_down).numpy)
         else:
             s = self.state
             self.state = ServerState(s.params, s.residual, s.momentum, s.round + 1)
-            changed, step = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+            step = None
         self._uploads.clear()
-        self.downlink.record(changed, step)
+        self.downlink.record(step)
         return self.downlink.anchor_broadcast(self.state.params)
 
     # -- state as bytes -----------------------------------------------------------------------

@@ -13,6 +13,7 @@ layout on the wire, and whether vector payloads may carry it (their flags byte h
     6     int32  int32             <i4                -
     7     uint8  uint8             u1                 -
     8     bool   bool              u1 (0 or 1)        -
+    9     int8   int8              i1                 (quantised: flags bits 0-1 = 1, with a scale)
 
 The table needs no torch import: :attr:`WireDtype.torch` resolves the torch type when first asked for.
 """
@@ -66,11 +67,12 @@ INT64 = WireDtype(5, "int64", "int64", np.dtype("<i8"))
 INT32 = WireDtype(6, "int32", "int32", np.dtype("<i4"))
 UINT8 = WireDtype(7, "uint8", "uint8", np.dtype("u1"))
 BOOL = WireDtype(8, "bool", "bool", np.dtype("u1"))
+INT8 = WireDtype(9, "int8", "int8", np.dtype("i1"))
 
 FP16_MAX: float = float(np.finfo(np.float16).max)
 """Largest finite fp16 value (65504): where values rounded to fp16 saturate instead of overflowing."""
 
-DTYPES: tuple[WireDtype, ...] = (FP32, FP64, FP16, BF16, INT64, INT32, UINT8, BOOL)
+DTYPES: tuple[WireDtype, ...] = (FP32, FP64, FP16, BF16, INT64, INT32, UINT8, BOOL, INT8)
 """Every element type, in code order."""
 
 VECTOR_DTYPES: tuple[WireDtype, ...] = (FP32, FP16)

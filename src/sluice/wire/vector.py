@@ -16,15 +16,16 @@ Message layout (all integers little-endian)::
     0       1     magic 0x53 ("S")                                   \\
     1       1     format version (2)                                  | frame header
     2       1     kind (1 dense, 2 sparse, 3 sketch, 4 patch chain)  /
-    3       1     flags: bits 0-1 reserved, zero
-                         bit  2   value dtype (0 fp32, 1 fp16; see sluice.wire.dtypes)
+    3       1     flags: bits 0-1 value coding (0 float, 1 int8 times a float32 scale; 2-3 reserved)
+                         bit  2   float value dtype (0 fp32, 1 fp16; see sluice.wire.dtypes), 0 for int8
                          bit  3   body is zstd-compressed (magicless frame)
                          bits 4-5 index coding, sparse only (0 seed, 1 Golomb-Rice, 2 bitmap, 3 raw u32)
                          bits 6-7 scale, sparse only (0: 1.0, 1: d/k, 2: explicit float64 follows)
     4       ...   LEB128 varints: dense d | sparse d, k | sketch d, rows, cols
             8     seed (uint64): sparse with index coding "seed", and sketch
             8     scale (float64): sparse with scale mode 2
-            ...   body: values (k or d or rows*cols fp16/fp32), then the index block (sparse)
+            4     value scale (float32): int8 values (dense and sparse only)
+            ...   body: values (k or d or rows*cols fp16/fp32/int8), then the index block (sparse)
     -4      4     CRC-32 of every byte before it                     (frame trailer)
 
 A patch chain is: magic, version, kind 4, flags (all bits reserved, zero), varint ``n``, then ``n`` times
@@ -47,6 +48,10 @@ Index coding of explicit indices ``i_0 < i_1 < ... < i_{k-1}`` picks the smalles
 * a bitmap over ``d`` coordinates: ``ceil(d / 8)`` bytes;
 * raw uint32 indices: ``4k`` bytes.
 
+Quantised values (value coding 1) are int8 ``q`` with a float32 value scale ``v``: the values they stand
+for are ``float32(v) * float32(q)`` (:func:`float_values`), computed the same way by sender and receiver,
+so a sender that applies what it sends (the server's steps) and a receiver that adds it agree bit for bit.
+
 ``decode(encode(p))`` reproduces ``p`` bit for bit. Anything malformed -- truncated, corrupted, of another
 version or kind, inconsistent -- raises :class:`sluice.errors.WireError`; the CRC is checked before any
 body byte is interpreted (only the header's size fields are read first, to report truncation exactly).
@@ -63,7 +68,7 @@ import numpy as np
 import zstandard
 
 from sluice.errors import WireError
-from sluice.wire.dtypes import VECTOR_DTYPES, WireDtype, of_numpy
+from sluice.wire.dtypes import INT8, VECTOR_DTYPES, WireDtype, of_numpy
 from sluice.wire.frame import (
     HEADER,
     KIND_CHAIN,
@@ -93,7 +98,8 @@ FLAG_FP16 = 1 << 2
 """Flags bit: the values are fp16 (:data:`sluice.wire.dtypes.FP16`), else fp32."""
 FLAG_ZSTD = 1 << 3
 """Flags bit: the body is zstd-compressed."""
-_RESERVED = 0b11
+_VALUE_CODING = 0b11
+_QUANT_INT8 = 1
 _MAX_RICE = 32
 _FIXED = HEADER + 1  # frame header and flags
 
@@ -116,11 +122,35 @@ def _value_type(arr: np.ndarray) -> WireDtype | None:
 
 
 # ----------------------------------------------------------------------------------------------- payloads
-def _check_values(values: object, what: str) -> np.ndarray:
+def _check_values(values: object, what: str, vscale: float | None = None) -> np.ndarray:
     arr = np.asarray(values)
+    if vscale is not None:
+        if arr.dtype != INT8.numpy or not math.isfinite(vscale) or vscale < 0:
+            raise WireError(f"{what} with a value scale must be int8 and the scale a finite float >= 0, got "
+                            f"{arr.dtype} and {vscale!r}")
+        if arr.size and int(arr.min()) == -128:
+            raise WireError(f"{what}: int8 values lie in [-127, 127]")
+        return arr
     if _value_type(arr) is None:
         raise WireError(f"{what} must be float16 or float32 (cast them first), got {arr.dtype}")
     return arr
+
+
+def _check_vscale(vscale: object) -> float | None:
+    if vscale is None:
+        return None
+    v = float(np.float32(vscale))
+    if v != vscale:
+        raise WireError(f"a value scale travels as float32 and must be one, got {vscale!r}")
+    return v
+
+
+def float_values(payload: DensePayload | SparsePayload) -> np.ndarray:
+    """The float32 values a dense or sparse payload stands for: its values, or ``float32(v) * float32(q)``
+    for int8 values ``q`` with value scale ``v``."""
+    if payload.vscale is None:
+        return payload.values.astype(np.float32)
+    return np.float32(payload.vscale) * payload.values.astype(np.float32)
 
 
 def _same_array(a: np.ndarray | None, b: np.ndarray | None) -> bool:
@@ -137,12 +167,14 @@ def _check_seed(seed: object) -> int:
 
 @dataclass(frozen=True, eq=False)
 class DensePayload:
-    """A full vector: ``values`` is 1-D float32 or float16; ``d = len(values)``."""
+    """A full vector: ``values`` is 1-D float32 or float16, or int8 with a ``vscale``; ``d = len(values)``."""
 
     values: np.ndarray
+    vscale: float | None = None
 
     def __post_init__(self) -> None:
-        arr = _check_values(self.values, "dense values")
+        object.__setattr__(self, "vscale", _check_vscale(self.vscale))
+        arr = _check_values(self.values, "dense values", self.vscale)
         if arr.ndim != 1:
             raise WireError(f"dense values must be 1-D, got shape {arr.shape}")
         object.__setattr__(self, "values", arr)
@@ -154,7 +186,8 @@ class DensePayload:
 
     def __eq__(self, other: object) -> bool:
         """Bitwise equality (NaNs with the same bits compare equal)."""
-        return isinstance(other, DensePayload) and _same_array(self.values, other.values)
+        return isinstance(other, DensePayload) and self.vscale == other.vscale and _same_array(
+            self.values, other.values)
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -165,6 +198,7 @@ class SparsePayload:
 
     Exactly one of ``indices`` (sorted, unique, in ``[0, d)``) and ``seed`` (uint64; the receiver
     regenerates the indices with :func:`sluice.compress.codecs.randk_indices` ``(d, k, seed)``) is given.
+    ``values`` are float16/float32, or int8 standing for ``vscale * values`` (:func:`float_values`).
     """
 
     d: int
@@ -172,12 +206,14 @@ class SparsePayload:
     indices: np.ndarray | None = None
     seed: int | None = None
     scale: float = 1.0
+    vscale: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.d, bool) or not isinstance(self.d, int | np.integer) or not 0 <= self.d <= MAX_D:
             raise WireError(f"sparse d must be an integer in [0, {MAX_D}], got {self.d!r}")
         object.__setattr__(self, "d", int(self.d))
-        arr = _check_values(self.values, "sparse values")
+        object.__setattr__(self, "vscale", _check_vscale(self.vscale))
+        arr = _check_values(self.values, "sparse values", self.vscale)
         if arr.ndim != 1 or arr.shape[0] > self.d:
             raise WireError(f"sparse values must be 1-D with at most d={self.d} entries, got {arr.shape}")
         object.__setattr__(self, "values", arr)
@@ -208,6 +244,7 @@ class SparsePayload:
             isinstance(other, SparsePayload)
             and self.d == other.d
             and self.seed == other.seed
+            and self.vscale == other.vscale
             and struct.pack("<d", self.scale) == struct.pack("<d", other.scale)
             and _same_array(self.values, other.values)
             and _same_array(self.indices, other.indices)
@@ -402,7 +439,7 @@ def _choose_coding(indices: np.ndarray, d: int) -> int:
 
 # --------------------------------------------------------------------------------------------- encoding
 def _value_bytes(arr: np.ndarray) -> bytes:
-    t = _value_type(arr)
+    t = INT8 if arr.dtype == INT8.numpy else _value_type(arr)
     assert t is not None  # payload constructors check the value type
     return arr.astype(t.wire, copy=False).tobytes()
 
@@ -464,9 +501,14 @@ def encode(
         high = 0
     else:
         raise WireError(f"cannot encode a {type(payload).__name__}: expected a Dense/Sparse/Sketch payload")
-    vtype = _value_type(arr)
-    assert vtype is not None and vtype.vector_bit is not None
-    flags = (vtype.vector_bit << 2) | high
+    vscale = getattr(payload, "vscale", None)
+    if vscale is not None:
+        flags = _QUANT_INT8 | high
+        extra += struct.pack("<f", vscale)
+    else:
+        vtype = _value_type(arr)
+        assert vtype is not None and vtype.vector_bit is not None
+        flags = (vtype.vector_bit << 2) | high
     if lossless and body:
         packed = zstandard.ZstdCompressor(compression_params=_ZSTD_PARAMS).compress(body)
         if len(packed) < len(body):
@@ -517,9 +559,10 @@ def decode(buf: bytes | bytearray | memoryview) -> Payload:
     flags = buf[HEADER]
     if kind == KIND_CHAIN:
         return _decode_chain(buf)
-    if flags & _RESERVED:
+    quant = flags & _VALUE_CODING
+    if quant > _QUANT_INT8 or (quant and (kind == KIND_SKETCH or flags & FLAG_FP16)):
         raise WireError(f"malformed header: reserved flag bits set (flags=0x{flags:02x})")
-    vtype = VECTOR_DTYPES[(flags >> 2) & 1]
+    vtype = INT8 if quant else VECTOR_DTYPES[(flags >> 2) & 1]
     dtype = vtype.numpy
     zstd_body = bool(flags & FLAG_ZSTD)
     coding = (flags >> 4) & 0b11
@@ -563,6 +606,12 @@ def decode(buf: bytes | bytearray | memoryview) -> Payload:
         if k == 0:
             raise WireError("malformed header: scale d/k with k=0")
         scale = d / k
+    vscale: float | None = None
+    if quant:
+        if n < pos + 4 + TRAILER:
+            raise _truncated(pos + 4 + TRAILER, n, at_least=True)
+        (vscale,) = struct.unpack_from("<f", buf, pos)
+        pos += 4
 
     value_bytes = count * vtype.itemsize
     if kind == KIND_SPARSE:
@@ -594,19 +643,19 @@ def decode(buf: bytes | bytearray | memoryview) -> Payload:
         values = np.frombuffer(body, dtype=vtype.wire, count=count).astype(dtype)
         block = body[value_bytes:]
         if kind == KIND_DENSE:
-            return DensePayload(values)
+            return DensePayload(values, vscale=vscale)
         if kind == KIND_SKETCH:
             assert seed is not None
             return SketchPayload(d=d, seed=seed, table=values.reshape(rows, cols))
         if coding == CODING_SEED:
-            return SparsePayload(d=d, values=values, seed=seed, scale=scale)
+            return SparsePayload(d=d, values=values, seed=seed, scale=scale, vscale=vscale)
         if coding == CODING_RICE:
             idx = _rice_decode(block, k, d)
         elif coding == CODING_BITMAP:
             idx = _bitmap_decode(block, k, d)
         else:
             idx = _raw_decode(block, k, d)
-        return SparsePayload(d=d, values=values, indices=idx, scale=scale)
+        return SparsePayload(d=d, values=values, indices=idx, scale=scale, vscale=vscale)
     except WireError:
         raise
     except (ValueError, IndexError, OverflowError) as exc:  # pragma: no cover - CRC makes this unlikely

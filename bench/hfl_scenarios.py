@@ -1,0 +1,213 @@
+"""Benchmark: Sluice's compression on a suite of federations, against dense FedAvg and published methods.
+
+Every scenario runs dense FedAvg (fp32 both ways) and Sluice with the same seeds; the table gives each
+one's mean final accuracy, the gap in points, the seeds' accuracies (so a collapsed seed shows) and the
+reduction of total bytes (up + down, ``len()`` of every encoded message) against dense FedAvg. On the
+scenarios marked ``peers`` the published methods of :mod:`sluice.hfl.peers` run beside them, on the same
+engine, sampling, data and local training, and a plot shows accuracy against cumulative megabytes.
+
+    .venv/bin/python bench/hfl_scenarios.py                  # full: every scenario, 3 seeds, 150 rounds
+    .venv/bin/python bench/hfl_scenarios.py --quick          # 1 seed, 30 rounds, two scenarios (smoke)
+    .venv/bin/python bench/hfl_scenarios.py --only synthetic-1-1 --jobs 2
+
+Runs are independent processes (``--jobs``, default: every core); results go to
+``bench/results/hfl_scenarios.{md,json,png}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+DENSE = ["compression.up=\"dense\"", "compression.down=\"dense\"", "compression.downlink=\"dense\""]
+PREVIOUS = ["compression.up=\"randk\"", "compression.up_feedback=false", "compression.up_values=\"fp16\"",
+            "compression.down_values=\"fp16\""]
+"""Sluice's earlier default: unbiased rand-k uploads of fp16 values, no client residual, fp16 steps."""
+
+SCENARIOS: dict[str, dict] = {
+    "default (digits Dir 0.3, 20 clients, q 0.25)": {"over": [], "peers": True},
+    "mnist-shards": {"over": ["data.dataset=\"mnist\"", "data.partition=\"shards\""], "peers": True},
+    "synthetic-1-1": {"over": ["data.dataset=\"synthetic\"", "data.synthetic_alpha=1", "data.synthetic_beta=1"]},
+    "synthetic-0.5-0.5": {"over": ["data.dataset=\"synthetic\"", "data.synthetic_alpha=0.5",
+                                   "data.synthetic_beta=0.5"]},
+    "synthetic-0-0": {"over": ["data.dataset=\"synthetic\"", "data.synthetic_alpha=0", "data.synthetic_beta=0"]},
+    "digits Dir 0.1": {"over": ["data.alpha=0.1"]},
+    "digits 100 clients q 0.1": {"over": ["data.num_clients=100", "train.participation=0.1"]},
+    "digits dropout 0.3": {"over": ["train.dropout=0.3"]},
+    "digits momentum 0.9": {"over": ["compression.momentum=0.9"]},
+    "digits model x10 (512-448)": {"over": ["model.hidden=[512, 448]"]},
+}
+PEER_BUDGETS = {"FetchSGD": ["compression.sketch_cols_ratio=0.02"]}
+"""FetchSGD's sketch: 5 rows of 2 % of d columns (10 % of d values), a budget near the others' uploads."""
+QUICK = ("default (digits Dir 0.3, 20 clients, q 0.25)", "synthetic-1-1")
+
+
+def methods(with_peers: bool) -> dict[str, tuple[list[str], str | None]]:
+    """Display name -> (config overrides, peer name or None)."""
+    out: dict[str, tuple[list[str], str | None]] = {
+        "dense FedAvg (fp32)": (DENSE, None),
+        "Sluice": ([], None),
+        "Sluice, earlier default (rand-k fp16)": (PREVIOUS, None),
+    }
+    if with_peers:
+        from sluice.hfl.peers import PEERS
+
+        for name, (_, _, over) in PEERS.items():
+            if name != "FedAvg":  # dense FedAvg above is the same method
+                out[name] = ([*over, *PEER_BUDGETS.get(name, [])], name)
+    return out
+
+
+def run_one(job: tuple[str, str, list[str], str | None, int, int]) -> dict:
+    scenario, method, overrides, peer, seed, rounds = job
+    import torch
+
+    from sluice.config import load_config
+    from sluice.hfl import HFLEngine
+    from sluice.hfl.config import HFLConfig
+
+    torch.set_num_threads(1)
+    cfg = load_config(None, [*overrides, f"seed={seed}", f"train.rounds={rounds}"], HFLConfig)
+    kwargs = {}
+    if peer is not None:
+        from sluice.hfl.peers import PEERS
+
+        server_cls, client_cls, _ = PEERS[peer]
+        kwargs = {"server_cls": server_cls, "client_cls": client_cls}
+    engine = HFLEngine(cfg, **kwargs)
+    t0 = time.perf_counter()
+    acc, cum = [], []
+    total = 0
+    for _ in range(rounds):
+        ev = engine.iterate()
+        total += ev.bytes_up + ev.bytes_down
+        acc.append(ev.metrics.get("test_accuracy", float("nan")))
+        cum.append(total)
+    return {"scenario": scenario, "method": method, "seed": seed, "final_accuracy": acc[-1],
+            "bytes_total": total, "accuracy_curve": acc, "cum_bytes": cum, "num_params": engine.num_params,
+            "wall_seconds": time.perf_counter() - t0}
+
+
+def summarise(runs: list[dict]) -> dict:
+    accs = [r["final_accuracy"] for r in runs]
+    return {"accuracy_mean": statistics.fmean(accs), "accuracy_sd": statistics.stdev(accs) if len(accs) > 1 else 0.0,
+            "accuracies": accs, "mb_total": statistics.fmean(r["bytes_total"] for r in runs) / 1e6,
+            "num_params": runs[0]["num_params"]}
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    peers_scen = [s for s, r in results["scenarios"].items() if r["peers"]]
+    if not peers_scen:
+        return
+    fig, axes = plt.subplots(1, len(peers_scen), figsize=(7 * len(peers_scen), 5), squeeze=False)
+    for ax, scen in zip(axes[0], peers_scen, strict=True):
+        for name, m in results["scenarios"][scen]["methods"].items():
+            curves = np.array([r["accuracy_curve"] for r in m["runs"]])
+            mb = np.array([r["cum_bytes"] for r in m["runs"]]).mean(axis=0) / 1e6
+            ax.plot(mb, np.nanmean(curves, axis=0), label=name)
+        ax.set_xscale("log")
+        ax.set_xlabel("cumulative MB (up + down)")
+        ax.set_ylabel("test accuracy (mean of seeds)")
+        ax.set_title(scen)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=150)
+    ap.add_argument("--quick", action="store_true", help="1 seed, 30 rounds, two scenarios")
+    ap.add_argument("--only", action="append", help="run only this scenario (repeatable)")
+    ap.add_argument("--no-peers", action="store_true", help="leave the published methods out")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=KEY=VALUE;KEY=VALUE",
+                    help="also run Sluice with these overrides on every scenario (repeatable)")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "hfl_scenarios"))
+    args = ap.parse_args()
+    scenarios = dict(SCENARIOS)
+    if args.quick:
+        args.seeds, args.rounds = 1, 30
+        scenarios = {k: v for k, v in SCENARIOS.items() if k in QUICK}
+    if args.only:
+        unknown = sorted(set(args.only) - set(SCENARIOS))
+        if unknown:
+            raise SystemExit(f"unknown scenario(s) {unknown}; choose from {sorted(SCENARIOS)}")
+        scenarios = {k: SCENARIOS[k] for k in args.only}
+    jobs = []
+    for scen, spec in scenarios.items():
+        variants = {name: (over.split(";"), None) for name, over in (v.split("=", 1) for v in args.variant)}
+        for name, (over, peer) in {**methods(spec.get("peers", False) and not args.no_peers), **variants}.items():
+            for seed in range(args.seeds):
+                jobs.append((scen, name, [*spec["over"], *over], peer, seed, args.rounds))
+    print(f"{len(jobs)} runs on {args.jobs} processes", flush=True)
+    runs: list[dict] = []
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        for r in pool.map(run_one, jobs):
+            runs.append(r)
+            print(f"{r['scenario'][:40]:40s} {r['method'][:38]:38s} seed {r['seed']}: acc "
+                  f"{r['final_accuracy']:.4f}, {r['bytes_total'] / 1e6:8.3f} MB ({r['wall_seconds']:.0f} s)",
+                  flush=True)
+    results: dict = {"rounds": args.rounds, "seeds": args.seeds, "machine": platform.platform(),
+                     "python": platform.python_version(), "scenarios": {}}
+    for scen in scenarios:
+        by_method: dict[str, dict] = {}
+        for name in dict.fromkeys(r["method"] for r in runs if r["scenario"] == scen):
+            mine = [r for r in runs if r["scenario"] == scen and r["method"] == name]
+            by_method[name] = {**summarise(mine), "runs": mine}
+        base = by_method["dense FedAvg (fp32)"]
+        for m in by_method.values():
+            m["gap_points"] = 100 * (m["accuracy_mean"] - base["accuracy_mean"])
+            m["reduction_x"] = base["mb_total"] / m["mb_total"]
+            m["accuracy_per_mb"] = m["accuracy_mean"] / m["mb_total"]
+        results["scenarios"][scen] = {"methods": by_method,
+                                      "peers": bool(scenarios[scen].get("peers")) and not args.no_peers}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(results, indent=1))
+    plot(results, out.with_suffix(".png"))
+    lines = [f"# HFL scenario suite ({args.rounds} rounds, {args.seeds} seeds)", "",
+             f"Machine: {results['machine']}, Python {results['python']}. Bytes: `len()` of every encoded "
+             "message, up + down. Gap: mean final accuracy minus dense FedAvg's, in points. Reduction: dense "
+             "FedAvg's total bytes over the method's.", "",
+             "| scenario | d | dense FedAvg | Sluice | gap (points) | seeds (Sluice) | reduction × | "
+             "earlier default: gap, seeds |", "|---|---|---|---|---|---|---|---|"]
+    for scen, res in results["scenarios"].items():
+        ms = res["methods"]
+        dense, ours = ms["dense FedAvg (fp32)"], ms["Sluice"]
+        prev = ms["Sluice, earlier default (rand-k fp16)"]
+        seeds = ", ".join(f"{a:.3f}" for a in ours["accuracies"])
+        prev_seeds = ", ".join(f"{a:.3f}" for a in prev["accuracies"])
+        lines.append(f"| {scen} | {ours['num_params']} | {dense['accuracy_mean']:.4f} | {ours['accuracy_mean']:.4f} | "
+                     f"{ours['gap_points']:+.2f} | {seeds} | {ours['reduction_x']:.1f} | "
+                     f"{prev['gap_points']:+.2f}: {prev_seeds} |")
+    for scen, res in results["scenarios"].items():
+        if not res["peers"] and len(res["methods"]) <= 3:
+            continue
+        lines += ["", f"## {scen}: every method", "",
+                  "| method | accuracy | gap (points) | MB total | reduction × | accuracy per MB |",
+                  "|---|---|---|---|---|---|"]
+        for name, m in sorted(res["methods"].items(), key=lambda kv: -kv[1]["accuracy_per_mb"]):
+            lines.append(f"| {name} | {m['accuracy_mean']:.4f} ± {m['accuracy_sd']:.4f} | {m['gap_points']:+.2f} | "
+                         f"{m['mb_total']:.3f} | {m['reduction_x']:.1f} | {m['accuracy_per_mb']:.3f} |")
+    lines += ["", f"Plot: `{out.with_suffix('.png').name}` (accuracy against cumulative MB, one curve per method)."]
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
