@@ -16,11 +16,14 @@ from rich.console import Console
 from sluice import __version__
 from sluice.errors import SluiceError
 
+from . import certs as _certs
+from . import consumer as _consumer
 from . import control as _control
 from . import run as _run
+from . import serve as _serve
 from . import split as _split
 
-_COMMANDS = [_run, _split, _control]
+_COMMANDS = [_run, _split, _control, _certs, _serve, _consumer]
 
 
 def build_parser() -> argparse.ArgumentParser:

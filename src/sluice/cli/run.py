@@ -20,6 +20,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--set compression.up=dense --set compression.down=dense",
     )
     add_config_arguments(p, out_default="runs/run-<timestamp>", example="train.rounds=50")
+    f = p.add_argument_group("Flower runtime (pip install 'sluice[flower]')")
+    f.add_argument("--runtime", choices=("sim", "flower"), default="sim",
+                   help="sim: in-process simulation (default); flower: Flower's deployment engine, a SuperLink "
+                   "and one SuperNode per client on 127.0.0.1 (TLS), or the SuperLink given by --superlink")
+    f.add_argument("--nodes", type=int, help="local SuperNodes to start (default: one per client)")
+    f.add_argument("--superlink", metavar="HOST:PORT", help="submit to this running SuperLink instead")
+    f.add_argument("--root-certificates", metavar="CA.pem", help="CA that signed the SuperLink's certificate")
+    f.add_argument("--insecure", action="store_true", help="no TLS (only with a SuperLink started --insecure)")
+    f.add_argument("--round-timeout", type=float, default=60.0, metavar="S",
+                   help="a node that has not answered after S seconds counts as dropped in that round")
+    f.add_argument("--link-timeout", type=float, default=30.0, metavar="S",
+                   help="a SuperLink that does not answer for S seconds ends the run with ENGINE_FAILURE")
     p.set_defaults(func=_main)
 
 
@@ -52,7 +64,21 @@ def _main(args: argparse.Namespace) -> int:
     from sluice.jobs import load_job
     from sluice.plots import plot_accuracy
 
+    flower_only = [name for name, value in (("--nodes", args.nodes), ("--superlink", args.superlink),
+                                            ("--root-certificates", args.root_certificates),
+                                            ("--insecure", args.insecure)) if value]
+    if flower_only and args.runtime != "flower":
+        from sluice.errors import ConfigError
+
+        raise ConfigError(f"{', '.join(flower_only)} only apply with --runtime flower")
     job = load_job("hfl", args.config, args.overrides)
+    if args.runtime == "flower":
+        from sluice.flower.runner import FlowerOptions, run_on_flower
+
+        opts = FlowerOptions(nodes=args.nodes, insecure=args.insecure, superlink=args.superlink,
+                             root_certificates=args.root_certificates, round_timeout_s=args.round_timeout,
+                             link_timeout_s=args.link_timeout)
+        return run_on_flower(job, args.out, opts, console=Console())
     return run_job(job, args.out, console=Console(), unit="round", prefix="run", summarize=summarize,
                    plot=plot_accuracy, describe=_describe,
                    inbox_adapter=inbox_item)

@@ -1,0 +1,183 @@
+"""The Flower App: ``server_app`` runs the Sluice job under the control plane, ``client_app`` is one terminal.
+
+The ServerApp's main loop is :func:`sluice.cli.common.run_job` over a :class:`FlowerEngine`: the same
+``[termination]``, ``[requirements]``, ``report.json``, ``status.json``, ``metrics.jsonl`` and plots as
+``sluice run``, written into the run configuration's ``out-dir`` on the SuperLink's host. A criterion that
+fires returns from ``main``, which ends the Flower run at that round.
+
+The ClientApp runs :class:`sluice.hfl.Client` unchanged: the terminal is the node's ``partition-id``, its
+training data is that partition of the configured data set, and everything the terminal carries between
+rounds (held model, anchor, compressor state) lives in the node's ``Context.state`` as the client's state
+bytes, beside the rounds of the model and anchor it holds and the partition itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+from sluice.flower import protocol as P
+
+server_app = ServerApp()
+client_app = ClientApp()
+
+
+# --------------------------------------------------------------------------------------------- server
+@server_app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Train the run configuration's job; its report lands in ``out-dir``."""
+    from rich.console import Console
+
+    from sluice.cli.common import run_job
+    from sluice.cli.run import summarize
+    from sluice.errors import SluiceError
+    from sluice.flower.engine import FlowerEngine
+    from sluice.jobs import job_from_dict
+    from sluice.plots import plot_accuracy
+
+    rc = {**P.RUN_CONFIG_DEFAULTS, **dict(context.run_config)}
+    out = str(rc["out-dir"]) or None
+    error_file = Path(out) / "flower" / "server-error.txt" if out else None
+    engine = None
+    try:
+        job = job_from_dict("hfl", json.loads(str(rc["sluice-job"])))
+        engine = FlowerEngine(job.config, grid, round_timeout_s=float(rc["round-timeout"]),
+                              link_timeout_s=float(rc["link-timeout"]), node_wait_s=float(rc["node-wait"]),
+                              min_nodes=int(rc["min-nodes"]) or None, poll_s=float(rc["poll-interval"]))
+        console = Console(file=sys.stdout, force_terminal=False, width=140)
+        code = run_job(job, out, console=console, unit="round", prefix="run", summarize=summarize,
+                       plot=plot_accuracy, engine=engine)
+        console.print(f"sluice: training finished, exit status {code}")
+    except (SluiceError, ValueError) as exc:
+        if error_file is not None:
+            error_file.parent.mkdir(parents=True, exist_ok=True)
+            error_file.write_text(f"{type(exc).__name__}: {exc}\n", encoding="utf-8")
+        raise
+    except BaseException:
+        if error_file is not None:
+            error_file.parent.mkdir(parents=True, exist_ok=True)
+            error_file.write_text(traceback.format_exc(), encoding="utf-8")
+        raise
+    if engine is not None and engine.link_lost:
+        # the report is written; Flower's own exit handling would retry the lost SuperLink for ever
+        sys.stdout.flush()
+        os._exit(0)
+
+
+# --------------------------------------------------------------------------------------------- client
+@lru_cache(maxsize=2)
+def _config(job_json: str) -> Any:
+    """The job's HFL configuration."""
+    import torch
+
+    from sluice.jobs import job_from_dict
+
+    torch.set_num_threads(1)  # as the simulator: the same arithmetic, the same bits
+    return job_from_dict("hfl", json.loads(job_json)).config
+
+
+def _partition(context: Context) -> tuple[Any, int, Any, Any, int, int]:
+    """(configuration, terminal, X, y, features, classes) of this node. The node's partition is kept in
+    its context after the first message: every message starts a fresh ClientApp process, and loading
+    and splitting the data set again would cost each of them about a second."""
+    import numpy as np
+
+    cfg = _config(str(context.run_config["sluice-job"]))
+    state = context.state
+    if P.DATA_RECORD in state.array_records:
+        meta = state.config_records[P.DATA_META]
+        arrays = state.array_records[P.DATA_RECORD]
+        X, y = arrays["X"].numpy(), arrays["y"].numpy()
+        return cfg, int(meta["terminal"]), X, y, int(meta["features"]), int(meta["classes"])
+    from sluice.data import load_federated
+
+    data = load_federated(cfg.data, seed=cfg.seed)
+    c = _terminal(context, len(data.clients))
+    X, y = (np.ascontiguousarray(a) for a in data.clients[c])
+    state[P.DATA_RECORD] = ArrayRecord({"X": Array(X), "y": Array(y)})
+    state[P.DATA_META] = ConfigRecord({"terminal": c, "features": data.num_features, "classes": data.num_classes})
+    return cfg, c, X, y, data.num_features, data.num_classes
+
+
+def _terminal(context: Context, num_terminals: int) -> int:
+    from sluice.errors import ConfigError
+
+    value = context.node_config.get(P.NODE_TERMINAL_KEY)
+    if value is None:
+        raise ConfigError(f"this SuperNode has no {P.NODE_TERMINAL_KEY} in its node configuration; start it "
+                          f"with --node-config '{P.NODE_TERMINAL_KEY}=<terminal>'")
+    c = int(value)
+    if not 0 <= c < num_terminals:
+        raise ConfigError(f"{P.NODE_TERMINAL_KEY}={c} but the job has {num_terminals} terminals")
+    return c
+
+
+def _held(context: Context) -> tuple[bytes | None, int, int]:
+    """(client state bytes or None, model round, anchor round) kept in the node's context."""
+    state = context.state
+    if P.STATE_RECORD not in state.array_records:
+        return None, 0, 0
+    meta = state.config_records[P.STATE_META]
+    return state.array_records[P.STATE_RECORD]["state"].data, int(meta["model-round"]), int(meta["anchor-round"])
+
+
+def _bytes(buf: bytes) -> Array:
+    return Array(dtype="uint8", shape=(len(buf),), stype="sluice.bytes", data=bytes(buf))
+
+
+@client_app.query()
+def hello(msg: Message, context: Context) -> Message:
+    """Which terminal this node serves and which rounds of the model and anchor it holds."""
+    _, c, _, y, _, _ = _partition(context)
+    _, model_round, anchor_round = _held(context)
+    meta = {"terminal": c, "model-round": model_round, "anchor-round": anchor_round, "num-examples": len(y)}
+    return Message(RecordDict({P.META: ConfigRecord(meta)}), reply_to=msg)
+
+
+@client_app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Apply the anchors and the downlink message, train, reply with the upload (the Sluice client half)."""
+    from sluice.errors import WireError
+    from sluice.hfl.client import Client
+
+    cfg, c, X, y, nf, nc = _partition(context)
+    meta = msg.content.config_records[P.META]
+    arrays = msg.content.array_records[P.RECORD]
+    if int(meta["terminal"]) != c:
+        raise WireError(f"a message for terminal {meta['terminal']} reached the node of terminal {c}")
+    state, model_round, anchor_round = _held(context)
+    resync = bool(meta["resync"])
+    mode = cfg.compression.downlink
+    if not resync and ((mode == "per-client" and model_round != int(meta["base-round"]))
+                       or (mode == "anchor" and anchor_round != int(meta["anchor-round"]))):
+        raise WireError(f"terminal {c} holds model round {model_round} and anchor round {anchor_round}, the "
+                        f"server sent a patch against {meta['base-round']} / {meta['anchor-round']}: it must resync")
+    client = Client.from_state_bytes(cfg, state) if state is not None and not resync else Client(cfg, c, nf, nc)
+    trainable = int(meta["trainable"])
+    client.set_trainable_layers(None if trainable < 0 else trainable)
+    rounds = list(meta["anchor-rounds"])
+    for i in range(int(meta["anchors"])):
+        client.receive_anchor(arrays[f"anchor-{i}"].data)
+        anchor_round = int(rounds[i])
+    down = arrays["down"].data
+    reply = RecordDict()
+    if bool(meta["fail"]):  # simulated failure: it received the model, then failed before uploading
+        client.sync(down)
+    else:
+        upload = client.train(down, X, y, int(meta["round"]))
+        reply[P.RECORD] = ArrayRecord({"up": _bytes(upload)})
+    model_round = int(meta["model-round"])
+    context.state[P.STATE_RECORD] = ArrayRecord({"state": _bytes(client.state_bytes())})
+    context.state[P.STATE_META] = ConfigRecord({"model-round": model_round, "anchor-round": anchor_round})
+    reply[P.META] = ConfigRecord({"terminal": c, "model-round": model_round, "anchor-round": anchor_round,
+                                  "num-examples": len(y), "train-loss": float(client.train_loss or 0.0)})
+    return Message(reply, reply_to=msg)

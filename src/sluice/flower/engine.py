@@ -1,0 +1,333 @@
+"""The server loop of horizontal FL on Flower's deployment engine, as a Sluice engine (one round per iteration).
+
+:class:`FlowerEngine` drives the same :class:`sluice.hfl.Server` the simulator drives and samples terminals
+the same way (``numpy.random.default_rng(seed)``: ``choice`` of ``m = max(1, round(q·n))`` terminals, then
+``m`` uniform draws for simulated failures), so a deployment whose nodes all answer gives, round by round,
+the accuracy and the Sluice bytes of ``sluice run``. Only the transport differs: each sampled terminal's
+downlink message goes to the Flower node whose ``partition-id`` is that terminal, in its own Flower
+message, and the uploads come back as replies (:mod:`sluice.flower.protocol`).
+
+Faults:
+
+* a node that does not answer within ``round_timeout_s`` (killed, stalled) or answers with an error counts
+  as dropped in that round (``dropped``); the round closes with the uploads that arrived. Its next message
+  is a dense resynchronisation, since the server cannot know what it applied;
+* a node the server has not seen yet is asked which terminal it serves and which rounds of the model and
+  anchor it holds; a node that holds other rounds than the server sent (it restarted with an empty state)
+  gets a dense message (and, in anchor mode, the dense anchor) the next time its terminal is sampled. Those
+  bytes are counted, and ``resynced`` counts such messages per round;
+* every call to the SuperLink has ``link_timeout_s``: a SuperLink that is gone ends the round with a
+  :class:`sluice.errors.TrainingError` (the control plane reports ``ENGINE_FAILURE``) instead of the
+  Flower client's endless retries.
+
+Bytes: ``bytes_up``/``bytes_down`` are Sluice's, ``len()`` of the encoded messages, counted like the
+simulator (a message sent to a terminal that then fails counts; an anchor broadcast counts once per
+terminal in the round it is made, and travels with the terminal's next message). The metrics
+``flower_bytes_up``/``flower_bytes_down`` add what Flower serialises for the same messages (its message,
+record and array objects, as pushed to and pulled from the SuperLink), to show Flower's framing beside
+Sluice's payload.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from sluice.data import load_federated
+from sluice.engine import IterationEvent, Suspendable
+from sluice.errors import ConfigError, DataError, TrainingError
+from sluice.flower import protocol as P
+from sluice.hfl.client import build_model
+from sluice.hfl.config import HFLConfig
+from sluice.hfl.server import Server
+from sluice.metrics import CLASSIFICATION, MetricSpec, classification_metrics, declare
+from sluice.models import get_flat, num_params, set_flat
+from sluice.wire.vector import DensePayload, encode
+
+
+def flower_object_bytes(msg: Any) -> int:
+    """Bytes Flower serialises for ``msg``: its message, record and array objects as pushed and pulled."""
+    from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+
+    return sum(len(obj.deflate()) for obj in get_all_nested_objects(msg).values())
+
+
+def _uint8(buf: bytes) -> Any:
+    from flwr.app import Array
+
+    return Array(dtype="uint8", shape=(len(buf),), stype="sluice.bytes", data=bytes(buf))
+
+
+class FlowerEngine(Suspendable):
+    """Implements :class:`sluice.engine.Engine` over a Flower ``Grid``; one iteration is one round."""
+
+    def __init__(self, cfg: HFLConfig, grid: Any, *, round_timeout_s: float = 60.0, link_timeout_s: float = 30.0,
+                 node_wait_s: float = 120.0, min_nodes: int | None = None, poll_s: float = 0.05) -> None:
+        self.cfg = cfg
+        self.grid = grid
+        self.round_timeout_s = float(round_timeout_s)
+        self.link_timeout_s = float(link_timeout_s)
+        self.node_wait_s = float(node_wait_s)
+        self.min_nodes = min_nodes
+        self.poll_s = float(poll_s)
+        self.server: Server | None = None
+        self.link_lost = False
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="sluice-link")
+        self._trainable: int | None = None
+        self._node_of: dict[int, int] = {}  # terminal -> Flower node id
+        self._seen: set[int] = set()  # node ids asked which terminal they serve
+        self._resync: set[int] = set()  # terminals whose next message must be dense
+        self._sent: dict[int, tuple[int, int]] = {}  # terminal -> (model round, anchor round) it was sent
+        self._pending: dict[int, list[tuple[int, bytes]]] = {}  # terminal -> anchor broadcasts not yet sent
+        self.refused: dict[int, str] = {}  # node id -> why it cannot serve a terminal of this job
+        self._suspended = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        if self.server is not None:
+            return
+        cfg = self.cfg
+        torch.set_num_threads(1)
+        self.data = load_federated(cfg.data, seed=cfg.seed)  # the server uses the test set
+        self.n = len(self.data.clients)
+        self.model = build_model(cfg, self.data.num_features, self.data.num_classes)
+        self.theta0 = get_flat(self.model)
+        self.server = Server(cfg, self.theta0, self.n)
+        self._anchor_params = self.theta0.copy()
+        self._rng = np.random.default_rng(cfg.seed)
+        self._wait_for_nodes()
+
+    def stop(self) -> None:
+        super().stop()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def save(self, path: str | Path) -> str:
+        self.start()
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"params": torch.from_numpy(self.server.params.copy()), "hidden": list(self.cfg.model.hidden),
+                    "num_features": self.data.num_features, "num_classes": self.data.num_classes,
+                    "round": self.server.round}, path)
+        return str(path)
+
+    @property
+    def params(self) -> np.ndarray:
+        self.start()
+        return self.server.params
+
+    @property
+    def num_params(self) -> int:
+        self.start()
+        return num_params(self.model)
+
+    @property
+    def metrics(self) -> dict[str, MetricSpec]:
+        return declare(("train_loss", *CLASSIFICATION), [
+            MetricSpec("participants", True, 0.0), MetricSpec("dropped", False, 0.0),
+            MetricSpec("resynced", False, 0.0), MetricSpec("nodes", True, 0.0),
+            MetricSpec("flower_bytes_up", False, 0.0), MetricSpec("flower_bytes_down", False, 0.0)])
+
+    counts_bytes = True
+
+    @property
+    def default_iterations(self) -> int:
+        return self.cfg.train.rounds
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.cfg.model.hidden) + 1
+
+    def set_trainable_layers(self, layers: int) -> None:
+        """Every terminal trains only the last ``layers`` linear layers (sent with each message)."""
+        if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= self.num_layers:
+            raise ConfigError(f"layers to train must be in 1..{self.num_layers}, got {layers!r}")
+        self._trainable = int(layers)
+
+    def add_data(self, data: Any) -> None:
+        raise DataError("on Flower the training data lives on the nodes; add it there")
+
+    # -- talking to the SuperLink ------------------------------------------------------------------
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on the grid, or :class:`TrainingError` when the SuperLink does not answer in time
+        (the Flower client itself retries forever)."""
+        future = self._pool.submit(fn, *args)
+        try:
+            return future.result(timeout=self.link_timeout_s)
+        except concurrent.futures.TimeoutError:
+            self.link_lost = True
+            raise TrainingError(f"the SuperLink did not answer within {self.link_timeout_s:g} s ({what}); "
+                                "is it still running?") from None
+        except Exception as exc:  # noqa: BLE001 - every transport error is the link's failure
+            self.link_lost = True
+            raise TrainingError(f"the SuperLink failed ({what}): {type(exc).__name__}: {exc}") from None
+
+    def _exchange(self, messages: list[Any], deadline_s: float) -> list[Any]:
+        """Push ``messages``; pull replies until all arrived or ``deadline_s`` passed. The reply to each
+        message, in order (None where none came)."""
+        if not messages:
+            return []
+        ids = list(self._call("push messages", self.grid.push_messages, messages))
+        waiting, replies = {i for i in ids if i}, {}
+        end = time.monotonic() + deadline_s
+        while waiting and time.monotonic() < end:
+            for reply in self._call("pull messages", self.grid.pull_messages, sorted(waiting)):
+                rid = reply.metadata.reply_to_message_id
+                if rid in waiting:
+                    waiting.discard(rid)
+                    replies[rid] = reply
+            if waiting:
+                time.sleep(self.poll_s)
+        return [replies.get(i) if i else None for i in ids]
+
+    def _discover(self, deadline_s: float | None = None) -> None:
+        """Ask every node not seen yet which terminal it serves and what it holds."""
+        from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+
+        nodes = list(self._call("get node ids", self.grid.get_node_ids))
+        new = [nid for nid in nodes if nid not in self._seen]
+        alive = set(nodes)
+        for c in [c for c, nid in self._node_of.items() if nid not in alive]:
+            del self._node_of[c]
+            self._resync.add(c)
+        if not new:
+            return
+        hello = [Message(RecordDict({P.META: ConfigRecord({"op": "hello"})}), nid, MessageType.QUERY,
+                         ttl=max(self.round_timeout_s, 1.0)) for nid in new]
+        got = self._exchange(hello, self.round_timeout_s if deadline_s is None else deadline_s)
+        for nid, reply in zip(new, got, strict=True):
+            if reply is None:
+                continue  # asked again next round
+            if reply.has_error():  # a node that cannot serve this job (no or a wrong partition-id)
+                self._seen.add(nid)
+                self.refused[nid] = reply.error.reason
+                continue
+            meta = reply.content.config_records[P.META]
+            c = int(meta["terminal"])
+            self._seen.add(nid)
+            if not 0 <= c < self.n:
+                continue  # a node outside this federation's terminals takes no part
+            self._node_of[c] = nid
+            held = (int(meta["model-round"]), int(meta["anchor-round"]))
+            if held != self._sent.get(c, (0, 0)) and self._mode_keeps_state():
+                self._resync.add(c)
+
+    def _mode_keeps_state(self) -> bool:
+        return self.cfg.compression.downlink in ("per-client", "anchor")
+
+    def _wait_for_nodes(self) -> None:
+        want = self.min_nodes if self.min_nodes else self.n
+        end = time.monotonic() + self.node_wait_s
+        while True:
+            self._discover(deadline_s=min(self.round_timeout_s, max(1.0, end - time.monotonic())))
+            if len(self._node_of) >= want:
+                return
+            if time.monotonic() >= end:
+                why = "".join(f"; node {nid}: {reason}" for nid, reason in self.refused.items())
+                raise TrainingError(f"{len(self._node_of)} of the {want} nodes needed answered within "
+                                    f"{self.node_wait_s:g} s (terminals {sorted(self._node_of)}); start a "
+                                    f"SuperNode per terminal with --node-config 'partition-id=<c>'{why}")
+            time.sleep(0.5)
+
+    # -- one round ---------------------------------------------------------------------------
+    def iterate(self) -> IterationEvent:
+        from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+
+        self.start()
+        if self._suspended:
+            raise TrainingError("the engine is suspended: resume() it before the next round")
+        t0 = time.perf_counter()
+        cfg, tr, server = self.cfg, self.cfg.train, self.server
+        self._discover()
+        rnd = server.round + 1
+        m = max(1, round(tr.participation * self.n))
+        sampled = np.sort(self._rng.choice(self.n, size=m, replace=False))
+        failed = self._rng.random(m) < tr.dropout
+        bytes_up = bytes_down = flower_up = flower_down = 0
+        dropped = resynced = 0
+        anchor_mode = cfg.compression.downlink == "anchor"
+        out: list[tuple[int, Any]] = []
+        for c, fails in zip(sampled.tolist(), failed.tolist(), strict=True):
+            down = server.message(c)
+            node = self._node_of.get(c)
+            if node is None:  # no node serves this terminal now: nothing is sent
+                dropped += 1
+                self._resync.add(c)
+                continue
+            pending = self._pending.pop(c, [])
+            resync = c in self._resync
+            if resync:
+                down = encode(DensePayload(values=server.params.astype(np.float32)))
+                pending = ([(server.downlink.anchor_round, encode(DensePayload(
+                    values=self._anchor_params.astype(np.float32))))] if anchor_mode else [])
+                bytes_down += sum(len(b) for _, b in pending)
+                self._resync.discard(c)
+                resynced += 1
+            bytes_down += len(down)
+            base = self._sent.get(c, (0, 0))
+            anchor_round = pending[-1][0] if pending else base[1]
+            arrays = {"down": _uint8(down)}
+            arrays.update({f"anchor-{i}": _uint8(b) for i, (_, b) in enumerate(pending)})
+            meta = {"round": rnd, "terminal": c, "model-round": server.round, "base-round": base[0],
+                    "anchor-round": base[1], "anchor-rounds": [r for r, _ in pending] or [0],
+                    "anchors": len(pending), "fail": bool(fails), "resync": resync,
+                    "trainable": -1 if self._trainable is None else self._trainable}
+            msg = Message(RecordDict({P.RECORD: ArrayRecord(arrays), P.META: ConfigRecord(meta)}), node,
+                          MessageType.TRAIN, ttl=max(self.round_timeout_s, 1.0), group_id=str(rnd))
+            flower_down += flower_object_bytes(msg)
+            self._sent[c] = (server.round, anchor_round)
+            out.append((c, msg))
+        replies = self._exchange([msg for _, msg in out], self.round_timeout_s)
+        weights, losses = [], []
+        for (c, _), reply in zip(out, replies, strict=True):  # terminal order (the server sorts anyway)
+            if reply is None or reply.has_error() or not reply.has_content():
+                dropped += 1
+                self._resync.add(c)  # what the node applied is unknown: its next message is dense
+                continue
+            flower_up += flower_object_bytes(reply)
+            meta = reply.content.config_records[P.META]
+            arrays = reply.content.array_records.get(P.RECORD)
+            if arrays is None or "up" not in arrays:
+                dropped += 1  # a simulated failure: it synced and uploads nothing
+                continue
+            upload = arrays["up"].data
+            weight = float(meta["num-examples"])
+            bytes_up += len(upload)
+            server.receive(c, upload, weight)
+            weights.append(weight)
+            losses.append(float(meta["train-loss"]))
+        broadcast = server.close_round()
+        if broadcast is not None:  # every terminal gets it with its next message
+            self._anchor_params = server.params.copy()
+            for c in range(self.n):
+                self._pending.setdefault(c, []).append((server.round, broadcast))
+            bytes_down += self.n * len(broadcast)
+        metrics: dict[str, float] = {"participants": float(len(losses)), "dropped": float(dropped),
+                                     "resynced": float(resynced), "nodes": float(len(self._node_of)),
+                                     "flower_bytes_up": float(flower_up), "flower_bytes_down": float(flower_down)}
+        if losses and sum(weights) > 0:
+            metrics["train_loss"] = float(np.average(losses, weights=weights))
+        if rnd % tr.eval_every == 0:
+            metrics.update(self._evaluate())
+        anomaly, detail = None, ""
+        bad = [k for k in ("train_loss", "test_loss") if k in metrics and not math.isfinite(metrics[k])]
+        if bad:
+            anomaly, detail = "DIVERGED", f"{bad[0]} is {metrics[bad[0]]} at round {rnd}"
+        return IterationEvent(iteration=rnd, metrics=metrics, bytes_up=bytes_up, bytes_down=bytes_down,
+                              seconds=time.perf_counter() - t0, anomaly=anomaly, detail=detail)
+
+    @torch.no_grad()
+    def _evaluate(self) -> dict[str, float]:
+        """Test metrics of the server model, as the simulator computes them after each round (not the
+        engine capability ``evaluate``: the simulator does not offer it, and the control plane must decide
+        the same way on both)."""
+        set_flat(self.model, self.server.params)
+        self.model.eval()
+        logits = self.model(torch.from_numpy(self.data.X_test))
+        return classification_metrics(logits, self.data.y_test, self.data.num_classes)

@@ -1,0 +1,280 @@
+"""``sluice run --runtime flower``: a Sluice job on Flower's deployment engine, start to finish.
+
+Locally (the default) it starts a :class:`LocalDeployment` in ``<run>/flower`` (TLS with a CA made there,
+one SuperNode per terminal), submits the job, follows the run directory the ServerApp writes (progress from
+``metrics.jsonl``, the end from ``report.json``) and stops every process it started, on success, failure
+and Ctrl-C alike. Against a SuperLink elsewhere (``superlink=HOST:PORT``) it submits the job and streams
+the run's log; the run directory is then on the SuperLink's host.
+
+Failures end with a report, never a hang: a ServerApp that fails writes its error next to the run, and
+when the SuperLink dies the ServerApp's calls time out (``link_timeout_s``) and it reports
+``ENGINE_FAILURE``; if no report comes within that time and a margin, this runner writes one itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from sluice.flower.deploy import (
+    DeploymentError,
+    LocalDeployment,
+    _bin,
+    flower_env,
+    run_status,
+    submit,
+    write_connection,
+)
+from sluice.jobs import Job
+from sluice.runs import new_run_path
+
+
+@dataclass
+class FlowerOptions:
+    """How to run a job on Flower (``sluice run --runtime flower`` options)."""
+
+    nodes: int | None = None  # local SuperNodes; default: one per terminal
+    insecure: bool = False
+    superlink: str | None = None  # HOST:PORT of a running SuperLink; None = start a local deployment
+    root_certificates: str | None = None
+    round_timeout_s: float = 60.0
+    link_timeout_s: float = 30.0
+    node_wait_s: float = 120.0
+    poll_s: float = 0.05
+
+    def run_config(self, min_nodes: int = 0) -> dict[str, Any]:
+        return {"round-timeout": float(self.round_timeout_s), "link-timeout": float(self.link_timeout_s),
+                "node-wait": float(self.node_wait_s), "min-nodes": int(min_nodes), "poll-interval": float(self.poll_s)}
+
+
+def _iterations(job: Job) -> int:
+    t = job.termination
+    return int(t.iterations) if t is not None and t.iterations is not None else int(job.config.train.rounds)
+
+
+def _failure_report(job: Job, out: Path, detail: str) -> dict[str, Any]:
+    """The report of a run whose ServerApp could not write one (the SuperLink died with it)."""
+    from sluice.control import Cause, ProcessState, TrainingReport
+
+    records = _records(out)
+    last = records[-1] if records else {}
+    report = TrainingReport(
+        cause=Cause.ENGINE_FAILURE, status=ProcessState.FAILED, detail=detail, model=job.model,
+        performance={k: float(v) for k, v in last.items() if isinstance(v, int | float)
+                     and k not in ("round", "seconds") and not k.startswith(("bytes_", "cum_bytes_"))},
+        iterations=len(records), bytes_up=int(last.get("cum_bytes_up", 0)),
+        bytes_down=int(last.get("cum_bytes_down", 0)), termination=job.termination, requirements=job.requirements)
+    doc = report.to_json()
+    (out / "report.json").write_text(json.dumps(doc, indent=2), encoding="utf-8")
+    return doc
+
+
+def _records(out: Path) -> list[dict[str, Any]]:
+    path = out / "metrics.jsonl"
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        with contextlib.suppress(ValueError):
+            rows.append(json.loads(line))
+    return rows
+
+
+def _serverapp_pids(dep: LocalDeployment) -> list[int]:
+    import psutil
+
+    proc = dep.procs.get("superlink")
+    if proc is None or proc.poll() is not None:
+        return []
+    out = []
+    for p in psutil.Process(proc.pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if any("flwr-serverapp" in part for part in p.cmdline()):
+                out.append(p.pid)
+    return out
+
+
+def follow(job: Job, out: Path, dep: LocalDeployment, run_id: int, *, console: Console,
+           opts: FlowerOptions, on_round: Any = None) -> dict[str, Any]:
+    """Follow the run until its report exists; return the report document."""
+    import os
+
+    total = _iterations(job)
+    seen = 0
+    link_dead_at: float | None = None
+    next_check = time.monotonic() + 15.0
+    finished_at: float | None = None
+    progress = Progress(TextColumn("[bold blue]round (flower)"), MofNCompleteColumn(), BarColumn(),
+                        TextColumn("acc {task.fields[acc]}"), TextColumn("up {task.fields[up]}"),
+                        TextColumn("down {task.fields[down]}"), TimeElapsedColumn(), console=console)
+    task = progress.add_task("train", total=total, acc="-", up="0", down="0")
+    cancelled = False
+    with progress:
+        while True:
+            try:
+                records = _records(out)
+                for r in records[seen:]:
+                    acc = r.get("test_accuracy")
+                    progress.update(task, completed=r.get("round", seen + 1),
+                                    acc=f"{acc:.4f}" if acc is not None else "-",
+                                    up=f"{r.get('cum_bytes_up', 0) / 1e6:.3f} MB",
+                                    down=f"{r.get('cum_bytes_down', 0) / 1e6:.3f} MB")
+                    if on_round is not None:
+                        on_round(r)
+                seen = len(records)
+                report = out / "report.json"
+                if report.exists():
+                    with contextlib.suppress(ValueError):
+                        return json.loads(report.read_text(encoding="utf-8"))
+                err = out / "flower" / "server-error.txt"
+                if err.exists():
+                    time.sleep(1.0)  # the report of a failure during training follows the error
+                    if not report.exists():
+                        raise DeploymentError("the ServerApp failed: " + err.read_text(encoding="utf-8").strip())
+                link = dep.procs.get("superlink")
+                if link is not None and link.poll() is not None and link_dead_at is None:
+                    link_dead_at = time.monotonic()
+                    console.print(f"[red]the SuperLink exited (status {link.returncode}); waiting up to "
+                                  f"{opts.link_timeout_s + 15:g} s for the ServerApp's report[/]")
+                if link_dead_at is not None and time.monotonic() - link_dead_at > opts.link_timeout_s + 15:
+                    return _failure_report(job, out, f"the SuperLink exited (status {link.returncode}) at round "
+                                                     f"{seen + 1}; the ServerApp left no report")
+                if link_dead_at is None and time.monotonic() > next_check:
+                    next_check = time.monotonic() + 15.0
+                    status = str(run_status(dep.home, run_id).get("status", ""))
+                    if status.startswith("finished") and finished_at is None:
+                        finished_at = time.monotonic()
+                    if finished_at is not None and time.monotonic() - finished_at > 10:
+                        return _failure_report(job, out, f"the Flower run ended ({status}) without a report; "
+                                                         f"see {dep.logs}")
+                time.sleep(0.5)
+            except KeyboardInterrupt:
+                if cancelled:
+                    raise
+                cancelled = True
+                pids = _serverapp_pids(dep)
+                console.print("[yellow]cancelling after this round (Ctrl-C again to abort)[/]")
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGINT)
+                if not pids:
+                    raise
+
+
+def run_on_flower(job: Job, out: str | None, opts: FlowerOptions, *, console: Console) -> int:
+    """Run ``job`` on Flower (see the module docstring); return the exit status of its report."""
+    out_path = (Path(out) if out else new_run_path("run")).resolve()
+    if out_path.exists() and any(out_path.iterdir()):
+        raise DeploymentError(f"{out_path} exists and is not empty; name a new run directory with --out")
+    r = job.requirements
+    asked = [k for k in ("data_amount", "min_data_amount", "max_data_amount") if r is not None
+             and getattr(r, k, None) is not None]
+    if asked:
+        raise DeploymentError(f"requirements.{asked[0]}: on Flower the training data lives on the nodes, which "
+                              "this runtime does not limit or count; drop the data amount requirements")
+    if opts.superlink is not None:
+        return _run_remote(job, out_path, opts, console=console)
+    terminals = job.config.data.num_clients
+    nodes = opts.nodes or terminals
+    if not 1 <= nodes <= terminals:
+        raise DeploymentError(f"--nodes must be in 1..{terminals} (data.num_clients: one terminal per node), "
+                              f"got {nodes}")
+    work = out_path / "flower"
+    work.mkdir(parents=True, exist_ok=True)
+    dep = LocalDeployment(work, nodes=nodes, tls=not opts.insecure, terminals=terminals)
+    try:
+        dep.start()
+        console.print(f"[bold]sluice run --runtime flower[/]: SuperLink {dep.address} "
+                      f"({'insecure' if opts.insecure else 'TLS, CA ' + str(dep.certs.ca)}), {nodes} SuperNodes "
+                      f"for {terminals} terminals; logs in {dep.logs}")
+        sub = submit(job.dump(), out_path, work, dep.home, run_config=opts.run_config(min(nodes, terminals)))
+        console.print(f"Flower run {sub.run_id}")
+        report = follow(job, out_path, dep, sub.run_id, console=console, opts=opts)
+        _write_flower_counts(out_path, dep.home, sub.run_id, console)
+    finally:
+        dep.stop()
+    return _show(report, out_path, console)
+
+
+def _write_flower_counts(out: Path, home: Path, run_id: int, console: Console) -> None:
+    """``flower.json``: Sluice's payload bytes beside what Flower counted for the whole run."""
+    from rich.table import Table
+
+    records = _records(out)
+    status: dict[str, Any] = {}
+    for _ in range(10):  # the run's counters are final once Flower marks it finished
+        status = run_status(home, run_id)
+        if str(status.get("status", "")).startswith("finished") or not status:
+            break
+        time.sleep(1.0)
+    traffic = status.get("network-traffic", {})
+    doc = {
+        "run_id": run_id, "flower_status": status.get("status"),
+        "sluice_bytes_up": sum(int(r.get("bytes_up", 0)) for r in records),
+        "sluice_bytes_down": sum(int(r.get("bytes_down", 0)) for r in records),
+        "flower_object_bytes_up": sum(int(r.get("flower_bytes_up", 0)) for r in records),
+        "flower_object_bytes_down": sum(int(r.get("flower_bytes_down", 0)) for r in records),
+        "superlink_inbound_bytes": traffic.get("inbound-bytes"),
+        "superlink_outbound_bytes": traffic.get("outbound-bytes"),
+        "compute_time": status.get("compute-time"),
+        "rounds": len(records),
+    }
+    (out / "flower.json").write_text(json.dumps(doc, indent=2), encoding="utf-8")
+    table = Table(title="Bytes: Sluice payload vs Flower")
+    table.add_column("")
+    table.add_column("up (terminals → server)", justify="right")
+    table.add_column("down (server → terminals)", justify="right")
+    table.add_row("Sluice messages (len)", str(doc["sluice_bytes_up"]), str(doc["sluice_bytes_down"]))
+    table.add_row("Flower objects of those messages", str(doc["flower_object_bytes_up"]),
+                  str(doc["flower_object_bytes_down"]))
+    table.add_row("SuperLink traffic counter (whole run)", str(doc["superlink_inbound_bytes"]),
+                  str(doc["superlink_outbound_bytes"]))
+    console.print(table)
+
+
+def _show(report: dict[str, Any], out: Path, console: Console) -> int:
+    from sluice.cli.common import report_table
+    from sluice.control import TrainingReport
+
+    parsed = TrainingReport.model_validate(report)
+    console.print(report_table(parsed, f"Training report — {out}"))
+    return parsed.exit_code
+
+
+def _run_remote(job: Job, out: Path, opts: FlowerOptions, *, console: Console) -> int:
+    """Submit to a running SuperLink and stream the run's log until it ends."""
+    import tempfile
+
+    if not opts.insecure and not opts.root_certificates:
+        raise DeploymentError("a SuperLink elsewhere needs --root-certificates CA.pem (its CA), or --insecure "
+                              "for a SuperLink started with --insecure")
+    with tempfile.TemporaryDirectory(prefix="sluice-flower-") as tmp:
+        work = Path(tmp)
+        home = work / "flwr-home"
+        write_connection(home, "sluice", opts.superlink,
+                         None if opts.insecure else Path(opts.root_certificates))
+        sub = submit(job.dump(), out, work, home, run_config=opts.run_config())
+        console.print(f"Flower run {sub.run_id} on {opts.superlink}; the run directory {out} is written on "
+                      "the SuperLink's host")
+        argv = [_bin("flwr"), "log", str(sub.run_id), "sluice", "--stream"]
+        try:
+            subprocess.run(argv, env=flower_env(home), check=False)
+        except KeyboardInterrupt:
+            subprocess.run([_bin("flwr"), "stop", str(sub.run_id), "sluice"], env=flower_env(home),
+                           check=False, timeout=60)
+            raise
+        status = str(run_status(home, sub.run_id).get("status", ""))
+    console.print(f"Flower run {sub.run_id}: {status or 'status unknown'}")
+    local_report = out / "report.json"
+    if local_report.exists():  # the SuperLink runs on this host
+        return _show(json.loads(local_report.read_text(encoding="utf-8")), out, console)
+    return 0 if status == "finished:completed" else 9

@@ -1,0 +1,11 @@
+"""Sluice's AI/ML management service: TS 28.105 training management over TS 28.532 ProvMnS REST.
+
+The producer (``sluice serve``) keeps every managed object instance (MOI) — training requests, training
+processes, reports, models, subscriptions — and every notification still to deliver in a database
+(:mod:`sluice.service.db`, SQLAlchemy + Alembic). Each training process runs in its own worker process
+(:mod:`sluice.service.worker`) through the same :class:`sluice.control.TrainingProcess` that ``sluice run``
+uses. :mod:`sluice.service.client` is the consumer side (httpx).
+
+Nothing here is imported when the CLI builds its parser: FastAPI, SQLAlchemy and torch are loaded by the
+commands that need them.
+"""

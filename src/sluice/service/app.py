@@ -1,0 +1,477 @@
+"""The REST interface: TS 28.532 ProvMnS operations on the TS 28.105 classes, as a FastAPI app.
+
+Every path under ``{MnSRoot}/ProvMnS/{MnSVersion}/`` is one LDN and goes through one handler per method
+(:func:`create_app`); the LDN is parsed here, so a malformed one is a 400 and an unknown one a 404, both with
+the 3GPP error body of the method — as is every other error, the framework's own included (unknown paths,
+methods, bodies that are not JSON). The OpenAPI document served (``openapi.json`` under the base path and at
+the root) is the pruned 3GPP bundle, not a generated one.
+
+Methods and media types:
+
+* ``GET`` — query ``attributes`` (comma list), ``fields`` (comma list of paths such as
+  ``attributes/progressStatus``), ``scope`` (JSON ``{"scopeType", "scopeLevel"}``, or ``scopeType`` and
+  ``scopeLevel`` as separate parameters) and ``filter`` (node paths, see :mod:`sluice.service.store`);
+  children within the scope are nested under their class name. ``Accept: application/octet-stream`` on an
+  ``MLModel`` downloads the trained model;
+* ``PUT`` — create (201, ``Location``) or replace (200); ``POST`` on the parent — create with an id the
+  producer chooses (201, ``Location``);
+* ``PATCH`` — ``application/merge-patch+json`` (RFC 7396; ``VsDataContainer`` entries merge by id) or
+  ``application/json-patch+json`` (RFC 6902, on ``{"attributes", "VsDataContainer"}``); other media types
+  are 415; answers 200 with the new representation;
+* ``DELETE`` — 204.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from sluice.service.config import ServiceConfig
+from sluice.service.core import TrainingService
+from sluice.service.nrm import (
+    PRODUCER_ONLY,
+    READ_ONLY,
+    MnSError,
+    error_body,
+    id_of,
+    ldn_to_dn,
+    parse_ldn,
+    read_vs,
+    representation,
+    select_fields,
+)
+from sluice.service.store import _filter_matches
+
+MERGE = "application/merge-patch+json"
+JSON_PATCH = ("application/json-patch+json", "application/3gpp-json-patch+json")
+GET_PARAMS = {"scope", "scopeType", "scopeLevel", "filter", "attributes", "fields"}
+METHODS = ["GET", "PUT", "PATCH", "POST", "DELETE"]
+
+
+def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(body, status_code=status, headers=headers, media_type="application/json")
+
+
+def _body(raw: bytes) -> Any:
+    if not raw:
+        raise MnSError(400, "the request needs a JSON body")
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise MnSError(400, f"the body is not valid JSON: {exc}") from exc
+
+
+def _schema_check(cls: str, body: Any, partial: bool) -> None:
+    from sluice.service.schema import SchemaViolation, check_write
+
+    try:
+        check_write(cls, body, partial=partial)
+    except SchemaViolation as exc:
+        raise MnSError(400, exc.message, bad_attributes=exc.bad_attributes or ["attributes"]) from exc
+
+
+# ------------------------------------------------------------------------------------------- JSON patch
+
+
+def _pointer(path: str) -> list[str]:
+    if path == "":
+        return []
+    if not path.startswith("/"):
+        raise MnSError(400, f"JSON pointer {path!r} must start with '/'", bad_attributes=[path])
+    return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
+
+
+def _walk(doc: Any, parts: list[str], path: str) -> tuple[Any, str]:
+    node = doc
+    for p in parts[:-1]:
+        if isinstance(node, dict) and p in node:
+            node = node[p]
+        elif isinstance(node, list) and p.isdigit() and int(p) < len(node):
+            node = node[int(p)]
+        else:
+            raise MnSError(400, f"JSON patch path {path!r} does not exist", bad_attributes=[path])
+    return node, parts[-1]
+
+
+def _get(doc: Any, path: str) -> Any:
+    parts = _pointer(path)
+    if not parts:
+        return doc
+    node, last = _walk(doc, parts, path)
+    if isinstance(node, dict) and last in node:
+        return node[last]
+    if isinstance(node, list) and last.isdigit() and int(last) < len(node):
+        return node[int(last)]
+    raise MnSError(400, f"JSON patch path {path!r} does not exist", bad_attributes=[path])
+
+
+def _add(doc: Any, path: str, value: Any, replace: bool) -> None:
+    parts = _pointer(path)
+    if not parts:
+        raise MnSError(400, "a JSON patch cannot replace the whole resource", bad_attributes=[path])
+    node, last = _walk(doc, parts, path)
+    if isinstance(node, dict):
+        if replace and last not in node:
+            raise MnSError(400, f"replace: {path!r} does not exist", bad_attributes=[path])
+        node[last] = value
+    elif isinstance(node, list):
+        if last == "-" and not replace:
+            node.append(value)
+        elif last.isdigit() and int(last) <= len(node) - (1 if replace else 0):
+            if replace:
+                node[int(last)] = value
+            else:
+                node.insert(int(last), value)
+        else:
+            raise MnSError(400, f"JSON patch index {last!r} out of range", bad_attributes=[path])
+    else:
+        raise MnSError(400, f"JSON patch path {path!r} does not exist", bad_attributes=[path])
+
+
+def _remove(doc: Any, path: str) -> Any:
+    parts = _pointer(path)
+    node, last = _walk(doc, parts, path)
+    if isinstance(node, dict) and last in node:
+        return node.pop(last)
+    if isinstance(node, list) and last.isdigit() and int(last) < len(node):
+        return node.pop(int(last))
+    raise MnSError(400, f"remove: {path!r} does not exist", bad_attributes=[path])
+
+
+def apply_json_patch(doc: Any, ops: Any) -> Any:
+    """RFC 6902 on a copy of ``doc``."""
+    if not isinstance(ops, list):
+        raise MnSError(400, "a JSON patch is an array of operations")
+    out = copy.deepcopy(doc)
+    for i, op in enumerate(ops):
+        if not isinstance(op, dict) or not isinstance(op.get("op"), str) or not isinstance(op.get("path"), str):
+            raise MnSError(400, f"JSON patch operation {i} needs op and path", bad_attributes=[f"/{i}"])
+        kind, path = op["op"], op["path"]
+        if kind in ("add", "replace", "test") and "value" not in op:
+            raise MnSError(400, f"JSON patch {kind} at {path!r} needs a value", bad_attributes=[path])
+        if kind == "add":
+            _add(out, path, op["value"], replace=False)
+        elif kind == "replace":
+            _add(out, path, op["value"], replace=True)
+        elif kind == "remove":
+            _remove(out, path)
+        elif kind == "test":
+            if _get(out, path) != op["value"]:
+                raise MnSError(409, f"JSON patch test failed at {path!r}", bad_attributes=[path])
+        elif kind in ("move", "copy"):
+            src = op.get("from")
+            if not isinstance(src, str):
+                raise MnSError(400, f"JSON patch {kind} needs from", bad_attributes=[path])
+            value = _remove(out, src) if kind == "move" else copy.deepcopy(_get(out, src))
+            _add(out, path, value, replace=False)
+        else:
+            raise MnSError(400, f"unknown JSON patch op {kind!r}", bad_attributes=[path])
+    return out
+
+
+# ------------------------------------------------------------------------------------------- the app
+
+
+def create_app(cfg: ServiceConfig, public_url: str | None = None) -> FastAPI:
+    """The ProvMnS app of one producer; the service starts and stops with the app's lifespan."""
+    url = public_url or f"http://{cfg.host}:{cfg.port}"
+    service = TrainingService(cfg, url)
+    base = cfg.base_path
+    sn_ldn = service.sn
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> Any:
+        service.start()
+        try:
+            yield
+        finally:
+            service.stop()
+
+    app = FastAPI(title="Sluice ProvMnS", openapi_url=None, docs_url=None, redoc_url=None, lifespan=lifespan)
+    app.state.service = service
+
+    @app.exception_handler(MnSError)
+    async def _mns(request: Request, exc: MnSError) -> JSONResponse:
+        return _json(error_body(exc, request.method), exc.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        path = request.scope.get("path", request.url.path)
+        if exc.status_code == 404 and path.startswith(base + "/"):
+            try:  # the router matches no LDN with a control character: say what is malformed
+                parse_ldn(path[len(base) + 1:])
+            except MnSError as bad:
+                return _json(error_body(bad, request.method), bad.status)
+        err = MnSError(exc.status_code, str(exc.detail), bad_objects=[path])
+        headers = {"Allow": ", ".join(METHODS)} if exc.status_code == 405 else None
+        return _json(error_body(err, request.method), exc.status_code, headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        err = MnSError(400, "invalid request", bad_query_params=["request"])
+        return _json(error_body(err, request.method), 400)
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
+        err = MnSError(500, f"{type(exc).__name__}: {exc}")
+        return _json(error_body(err, request.method), 500)
+
+    def bundle() -> dict[str, Any]:
+        from sluice.service.schema import load_bundle
+
+        doc = copy.deepcopy(load_bundle())
+        doc["servers"] = [{"url": f"{url}{base}"}]
+        return doc
+
+    @app.get("/openapi.json", include_in_schema=False)
+    def openapi_root() -> JSONResponse:
+        return _json(bundle())
+
+    @app.get(f"{base}/openapi.json", include_in_schema=False)
+    def openapi_base() -> JSONResponse:
+        return _json(bundle())
+
+    def locate(ldn: str) -> tuple[str, str]:
+        """``(class, parent LDN)`` of a well-formed LDN inside this producer's SubNetwork."""
+        rdns = parse_ldn(ldn)
+        if f"{rdns[0].cls}={rdns[0].id}" != sn_ldn:
+            raise MnSError(404, f"no managed object {ldn_to_dn(ldn)}: this producer holds {ldn_to_dn(sn_ldn)}",
+                           bad_objects=[ldn_to_dn(ldn)])
+        return rdns[-1].cls, ldn.rpartition("/")[0]
+
+    def parent_must_be(ldn: str, cls: str, parent: str) -> None:
+        want = {"MLTrainingRequest": service.tf, "MLTrainingProcess": service.tf, "MLTrainingReport": service.tf,
+                "MLModel": service.repo, "NtfSubscriptionControl": sn_ldn}.get(cls)
+        if want is None or parent != want:
+            raise MnSError(404, f"no managed object {ldn_to_dn(ldn)}", bad_objects=[ldn_to_dn(ldn)])
+
+    # ------------------------------------------------------------------ GET
+    def get(request: Request, ldn: str) -> Response:
+        q = request.query_params
+        bad = sorted(set(q) - GET_PARAMS)
+        if bad:
+            raise MnSError(400, f"unknown query parameters {bad}; allowed: {sorted(GET_PARAMS)}", bad_query_params=bad)
+        cls, _ = locate(ldn)
+        row = service.get(ldn)
+        if cls == "MLModel" and "application/octet-stream" in request.headers.get("accept", ""):
+            art = service.artifact(ldn)
+            name = (row.vs_data.get("sluice-model") or {}).get("file", "model.pt")
+            return Response(art.content, media_type="application/octet-stream", headers={
+                "Content-Disposition": f'attachment; filename="{id_of(ldn)}-{name}"', "ETag": f'"{art.sha256}"'})
+        attributes = [a for a in q.get("attributes", "").split(",") if a] if "attributes" in q else None
+        fields = [f for f in q.get("fields", "").split(",") if f] if "fields" in q else None
+        scope_type, level = "BASE_ONLY", 0
+        if "scope" in q:
+            raw = q["scope"]
+            try:
+                scope = json.loads(raw) if raw.strip().startswith("{") else {"scopeType": raw}
+            except ValueError as exc:
+                raise MnSError(400, f"scope is not JSON: {exc}", bad_query_params=["scope"]) from exc
+            scope_type = scope.get("scopeType", "BASE_ONLY")
+            level = scope.get("scopeLevel", 0)
+        if "scopeType" in q:
+            scope_type = q["scopeType"]
+        if "scopeLevel" in q:
+            level = q["scopeLevel"]
+        try:
+            level = int(level)
+        except (TypeError, ValueError) as exc:
+            raise MnSError(400, "scopeLevel must be an integer", bad_query_params=["scopeLevel"]) from exc
+        if scope_type not in ("BASE_ONLY", "BASE_NTH_LEVEL", "BASE_SUBTREE", "BASE_ALL") or level < 0:
+            raise MnSError(400, f"scopeType {scope_type!r} is not BASE_ONLY, BASE_NTH_LEVEL, BASE_SUBTREE or BASE_ALL",
+                           bad_query_params=["scope"])
+        flt = q.get("filter")
+
+        def render(r: Any) -> dict[str, Any]:
+            doc = representation(r, attributes=attributes)
+            return select_fields(doc, fields) if fields is not None else doc
+
+        top = render(row)
+        if scope_type != "BASE_ONLY":
+            depth = None if scope_type == "BASE_ALL" else level
+            base_depth = ldn.count("/")
+            rows = sorted(service.subtree(ldn, depth), key=lambda r: (r.dn.count("/"), r.seq))
+            chosen = {r.dn for r in rows if _filter_matches(flt, r.dn) and (
+                scope_type != "BASE_NTH_LEVEL" or r.dn.count("/") - base_depth == level)}
+            needed = set(chosen)
+            for dn in chosen:
+                up = dn.rpartition("/")[0]
+                while up.count("/") > base_depth:
+                    needed.add(up)
+                    up = up.rpartition("/")[0]
+            nodes = {row.dn: top}
+            for r in rows:
+                parent = nodes.get(r.dn.rpartition("/")[0])
+                if r.dn not in needed or parent is None:
+                    continue
+                node = render(r) if r.dn in chosen else {"id": id_of(r.dn)}
+                parent.setdefault(r.object_class, []).append(node)
+                nodes[r.dn] = node
+        return _json(top)
+
+    # ------------------------------------------------------------------ PUT / POST
+    def put(request: Request, ldn: str, raw: bytes) -> Response:
+        cls, parent = locate(ldn)
+        body = _body(raw)
+        if not isinstance(body, dict):
+            raise MnSError(400, "the body must be a JSON object")
+        rid = id_of(ldn)
+        if "id" in body and body["id"] != rid:
+            raise MnSError(400, f"the body's id {body['id']!r} differs from the id in the URI {rid!r}",
+                           bad_attributes=["id"])
+        if "objectClass" in body and body["objectClass"] != cls:
+            raise MnSError(400, f"objectClass {body['objectClass']!r} differs from the URI's class {cls!r}",
+                           bad_attributes=["objectClass"])
+        body = {**body, "id": rid}
+        if cls in PRODUCER_ONLY:
+            service.get(ldn)
+            raise MnSError(405, f"{cls} is created and changed by the producer only", bad_objects=[ldn_to_dn(ldn)])
+        if cls == "MLTrainingRequest":
+            parent_must_be(ldn, cls, parent)
+            _schema_check(cls, body, partial=False)
+            row, created = service.put_request(ldn, body)
+        elif cls == "NtfSubscriptionControl":
+            parent_must_be(ldn, cls, parent)
+            _schema_check(cls, body, partial=False)
+            row, created = service.put_subscription(ldn, body)
+        elif cls == "MLTrainingProcess":
+            parent_must_be(ldn, cls, parent)
+            if service.store.get(ldn) is None:
+                raise MnSError(405, "training processes are created by the producer (one per request)",
+                               bad_objects=[ldn_to_dn(ldn)])
+            attrs = body.get("attributes") or {}
+            shown = service.get(ldn).attributes
+            _schema_check(cls, {"attributes": {k: v for k, v in attrs.items() if not (
+                k in READ_ONLY[cls] and shown.get(k) == v)}}, partial=True)
+            row = service.modify_process(ldn, {k: v for k, v in attrs.items() if not (
+                k in READ_ONLY[cls] and shown.get(k) == v)}, read_vs(body, cls), merge=False)
+            created = False
+        else:
+            raise MnSError(404, f"this producer manages no class {cls}", bad_objects=[ldn_to_dn(ldn)])
+        doc = representation(row)
+        if created:
+            return _json(doc, 201, {"Location": str(request.url.replace(query=""))})
+        return _json(doc, 200)
+
+    def post(request: Request, ldn: str, raw: bytes) -> Response:
+        _, _parent = locate(ldn)
+        body = _body(raw)
+        if not isinstance(body, dict):
+            raise MnSError(400, "the body must be a JSON object")
+        cls = body.get("objectClass")
+        if ldn == service.tf and cls == "MLTrainingRequest":
+            rid = body.get("id") or service.new_request_id()
+        elif ldn == sn_ldn and cls == "NtfSubscriptionControl":
+            rid = body.get("id") or f"S{__import__('uuid').uuid4().hex[:12]}"
+        else:
+            service.get(ldn)
+            raise MnSError(400, "POST creates an MLTrainingRequest under the MLTrainingFunction or an "
+                           "NtfSubscriptionControl under the SubNetwork; objectClass names which",
+                           bad_attributes=["objectClass"])
+        child = f"{ldn}/{cls}={rid}"
+        if service.store.get(child) is not None:
+            raise MnSError(409, f"{ldn_to_dn(child)} exists", bad_objects=[ldn_to_dn(child)])
+        body = {**body, "id": rid}
+        _schema_check(cls, body, partial=False)
+        if cls == "MLTrainingRequest":
+            row = service.create_request(child, body)
+        else:
+            row, _ = service.put_subscription(child, body)
+        location = str(request.url.replace(query="")).rstrip("/") + f"/{cls}={rid}"
+        return _json(representation(row), 201, {"Location": location})
+
+    # ------------------------------------------------------------------ PATCH
+    def patch(request: Request, ldn: str, raw: bytes) -> Response:
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype != MERGE and ctype not in JSON_PATCH:
+            raise MnSError(415, f"PATCH takes {MERGE} or {', '.join(JSON_PATCH)}, not {ctype or 'no media type'}",
+                           bad_attributes=["Content-Type"])
+        cls, parent = locate(ldn)
+        row = service.get(ldn)
+        if cls in PRODUCER_ONLY:
+            raise MnSError(405, f"{cls} is changed by the producer only", bad_objects=[ldn_to_dn(ldn)])
+        if cls not in ("MLTrainingRequest", "MLTrainingProcess", "NtfSubscriptionControl"):
+            raise MnSError(404, f"this producer manages no class {cls}", bad_objects=[ldn_to_dn(ldn)])
+        body = _body(raw)
+        writable_vs = {"MLTrainingRequest": ("sluice-job", "sluice-requirements", "sluice-termination",
+                                             "sluice-negotiation"),
+                       "MLTrainingProcess": ("sluice-termination", "sluice-requirements"),
+                       "NtfSubscriptionControl": ()}[cls]
+        if ctype == MERGE:
+            if not isinstance(body, dict):
+                raise MnSError(400, "a merge patch is a JSON object {attributes: {...}, VsDataContainer: [...]}")
+            if "id" in body and body["id"] != id_of(ldn):
+                raise MnSError(400, "the body's id differs from the id in the URI", bad_attributes=["id"])
+            _schema_check(cls, body, partial=True)
+            attrs = body.get("attributes") or {}
+            vs = read_vs(body, cls)
+            merge = True
+        else:
+            view = {"attributes": copy.deepcopy(row.attributes),
+                    "VsDataContainer": [{"id": k, "attributes": {"vsData": copy.deepcopy(v)}}
+                                        for k, v in row.vs_data.items() if k in writable_vs]}
+            new = apply_json_patch(view, body)
+            if not isinstance(new.get("attributes"), dict):
+                raise MnSError(400, "the patched resource has no attributes object", bad_attributes=["attributes"])
+            old_attrs = row.attributes
+            changed = {k: v for k, v in new["attributes"].items() if old_attrs.get(k) != v}
+            removed = [k for k in old_attrs if k not in new["attributes"]]
+            ro = sorted(k for k in [*changed, *removed] if k in READ_ONLY.get(cls, ()))
+            if ro:
+                raise MnSError(400, f"read-only attributes of {cls}: {', '.join(ro)}", bad_attributes=ro)
+            _schema_check(cls, {"attributes": changed}, partial=True)
+            new_vs = read_vs(new, cls)
+            old_vs = {k: v for k, v in row.vs_data.items() if k in writable_vs}
+            vs = {k: v for k, v in new_vs.items() if old_vs.get(k) != v}
+            attrs = {k: v for k, v in new["attributes"].items() if k not in READ_ONLY.get(cls, ())}
+            merge = False
+        if cls == "MLTrainingRequest":
+            if merge:
+                out = service.modify_request(ldn, attrs, vs, replace=False, merge=True)
+            else:
+                full_vs = {k: v for k, v in read_vs(new, cls).items()}
+                out = service.modify_request(ldn, attrs, full_vs, replace=True)
+        elif cls == "MLTrainingProcess":
+            out = service.modify_process(ldn, attrs, vs, merge=merge)
+        else:
+            from sluice.service.core import merge_patch
+
+            full = merge_patch(row.attributes, attrs) if merge else attrs
+            out, _ = service.put_subscription(ldn, {"id": id_of(ldn), "attributes": full})
+        return _json(representation(out), 200)
+
+    # ------------------------------------------------------------------ DELETE
+    def delete(request: Request, ldn: str) -> Response:
+        cls, _ = locate(ldn)
+        service.get(ldn)
+        if cls == "MLTrainingRequest":
+            service.delete_request(ldn)
+        elif cls == "NtfSubscriptionControl":
+            service.delete_subscription(ldn)
+        else:
+            raise MnSError(405, f"{cls} is deleted by the producer only", bad_objects=[ldn_to_dn(ldn)])
+        return Response(status_code=204)
+
+    from starlette.concurrency import run_in_threadpool
+
+    @app.api_route(base + "/{ldn:path}", methods=[*METHODS, "HEAD", "OPTIONS"], include_in_schema=False)
+    async def dispatch(request: Request, ldn: str) -> Response:
+        m = request.method
+        if m == "GET":
+            return await run_in_threadpool(get, request, ldn)
+        if m == "DELETE":
+            return await run_in_threadpool(delete, request, ldn)
+        if m in ("PUT", "POST", "PATCH"):
+            raw = await request.body()
+            handler = {"PUT": put, "POST": post, "PATCH": patch}[m]
+            return await run_in_threadpool(handler, request, ldn, raw)
+        raise MnSError(405, f"method {m} is not supported; use {', '.join(METHODS)}")
+
+    return app

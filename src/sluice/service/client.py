@@ -1,0 +1,297 @@
+"""The consumer side: a small ProvMnS client (httpx) with one method per thing a consumer does.
+
+:class:`ProvMnSClient` talks to one producer, addressed by the URI of its ``MLTrainingFunction``
+(``http://127.0.0.1:8080/ProvMnS/v1920/SubNetwork=SN1/MLTrainingFunction=TF1``). Requests are named by
+their id; the verbs find the request's current training process (the newest one whose
+``trainingRequestRef`` names the request) themselves::
+
+    c = ProvMnSClient(url)
+    c.create(job_doc, "R1")            # a job document (TOML as dict) → PUT MLTrainingRequest=R1
+    c.wait("R1"); c.report("R1"); c.download_model("R1", "model.pt")
+
+A job document is what ``sluice run`` / ``sluice local`` read (``engine = "local"``, the engine's sections,
+``[model]``, ``[requirements]``, ``[termination]``) plus an optional ``[request]`` table: ``id``,
+``aIMLInferenceName``, ``decided_by`` (``consumer``, ``producer``, ``negotiated``) and any other
+``MLTrainingRequest`` attribute. :func:`request_body` turns it into the resource body.
+
+Only httpx is imported here (no FastAPI, SQLAlchemy or torch).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from sluice.errors import SluiceError
+
+ENDED = ("FINISHED", "CANCELLED")
+MERGE = "application/merge-patch+json"
+REQUEST_KEYS = ("id", "decided_by")
+
+
+class MnSClientError(SluiceError):
+    """The producer answered with an error (its 3GPP error body is :attr:`body`)."""
+
+    def __init__(self, status: int, body: Any, what: str) -> None:
+        reason = body.get("reason") if isinstance(body, dict) else None
+        bad = []
+        if isinstance(body, dict):
+            bad = body.get("badAttributes") or body.get("badQueryParams") or []
+        detail = f" ({', '.join(bad)})" if bad else ""
+        super().__init__(f"{what}: HTTP {status}: {reason or body}{detail}")
+        self.status = status
+        self.body = body
+
+
+def request_body(doc: dict[str, Any], request_id: str | None = None) -> dict[str, Any]:
+    """The ``MLTrainingRequest`` body of a job document (see the module docstring)."""
+    doc = dict(doc)
+    req = dict(doc.pop("request", None) or {})
+    rid = request_id or req.get("id")
+    decided = req.get("decided_by")
+    attrs = {k: v for k, v in req.items() if k not in REQUEST_KEYS}
+    vs: list[dict[str, Any]] = []
+    requirements = doc.pop("requirements", None)
+    termination = doc.pop("termination", None)
+    vs.append({"id": "sluice-job", "attributes": {"vsData": doc}})
+    if requirements:
+        vs.append({"id": "sluice-requirements", "attributes": {"vsData": requirements}})
+    if termination is not None:
+        vs.append({"id": "sluice-termination", "attributes": {"vsData": termination}})
+    if decided:
+        vs.append({"id": "sluice-negotiation", "attributes": {"vsData": {"decidedBy": decided}}})
+    body: dict[str, Any] = {"attributes": attrs, "VsDataContainer": vs}
+    if rid:
+        body["id"] = rid
+    else:
+        body["objectClass"] = "MLTrainingRequest"
+    return body
+
+
+def vs_of(resource: dict[str, Any], cid: str) -> Any:
+    """The ``vsData`` of container ``cid`` in a resource, or None."""
+    for entry in resource.get("VsDataContainer") or []:
+        if entry.get("id") == cid:
+            return (entry.get("attributes") or {}).get("vsData")
+    return None
+
+
+class ProvMnSClient:
+    """One producer's ProvMnS interface (see the module docstring)."""
+
+    def __init__(self, url: str, *, timeout: float = 30.0, client: httpx.Client | None = None) -> None:
+        url = url.rstrip("/")
+        marker = url.find("/ProvMnS/")
+        if marker < 0:
+            raise SluiceError(f"{url} is not a ProvMnS URI (…/ProvMnS/<version>/SubNetwork=…/MLTrainingFunction=…)")
+        rest = url[marker + len("/ProvMnS/"):]
+        version, _, ldn = rest.partition("/")
+        if not ldn or "MLTrainingFunction=" not in ldn.rpartition("/")[2]:
+            raise SluiceError(f"{url} does not name an MLTrainingFunction (…/SubNetwork=SN1/MLTrainingFunction=TF1)")
+        self.url = url
+        self.base = url[:marker] + "/ProvMnS/" + version
+        self.function = ldn
+        self.subnetwork = ldn.rpartition("/")[0]
+        self.http = client or httpx.Client(timeout=timeout, trust_env=False)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> ProvMnSClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ plumbing
+    def uri(self, ldn: str) -> str:
+        return f"{self.base}/{quote(ldn, safe='/=,:~.-_')}"
+
+    def dn_uri(self, dn: str) -> str:
+        """The URI a DN (``*Ref`` attribute) resolves to."""
+        return self.uri(",".join(p.strip() for p in dn.split(",")).replace(",", "/"))
+
+    def _send(self, method: str, url: str, what: str, **kw: Any) -> httpx.Response:
+        try:
+            resp = self.http.request(method, url, **kw)
+        except httpx.HTTPError as exc:
+            raise SluiceError(f"{what}: cannot reach {url}: {exc}") from exc
+        if resp.status_code >= 400:
+            try:
+                body = resp.json()
+            except ValueError:
+                body = resp.text
+            raise MnSClientError(resp.status_code, body, what)
+        return resp
+
+    def get(self, ldn: str, **params: Any) -> dict[str, Any]:
+        return self._send("GET", self.uri(ldn), f"GET {ldn}", params=params or None).json()
+
+    def get_dn(self, dn: str) -> dict[str, Any]:
+        return self._send("GET", self.dn_uri(dn), f"GET {dn}").json()
+
+    def patch(self, ldn: str, body: dict[str, Any]) -> dict[str, Any]:
+        resp = self._send("PATCH", self.uri(ldn), f"PATCH {ldn}", json=body, headers={"Content-Type": MERGE})
+        return resp.json() if resp.content else {}
+
+    def request_ldn(self, rid: str) -> str:
+        return f"{self.function}/MLTrainingRequest={rid}"
+
+    # ------------------------------------------------------------------ requests
+    def create(self, doc: dict[str, Any], request_id: str | None = None) -> dict[str, Any]:
+        """Create a request from a job document; PUT when it has an id, else POST (the producer names it)."""
+        body = request_body(doc, request_id)
+        if "id" in body:
+            return self._send("PUT", self.uri(self.request_ldn(body["id"])), "create request", json=body).json()
+        return self._send("POST", self.uri(self.function), "create request", json=body).json()
+
+    def tree(self) -> dict[str, Any]:
+        return self.get(self.function, scope='{"scopeType":"BASE_NTH_LEVEL","scopeLevel":1}')
+
+    def requests(self) -> list[dict[str, Any]]:
+        return list(self.tree().get("MLTrainingRequest", []))
+
+    def request(self, rid: str) -> dict[str, Any]:
+        return self.get(self.request_ldn(rid))
+
+    def processes(self, rid: str, tree: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """The request's training processes, oldest first."""
+        dn = ",".join(self.request_ldn(rid).split("/"))
+        tree = tree if tree is not None else self.get(self.function, scopeType="BASE_NTH_LEVEL", scopeLevel=1,
+                                                      filter="MLTrainingProcess")
+        return [p for p in tree.get("MLTrainingProcess", [])
+                if dn in (p.get("attributes", {}).get("trainingRequestRef") or [])]
+
+    def process(self, rid: str) -> dict[str, Any]:
+        """The request's current (newest) training process."""
+        procs = self.processes(rid)
+        if not procs:
+            raise SluiceError(f"request {rid} has no training process")
+        return procs[-1]
+
+    def process_ldn(self, rid: str) -> str:
+        return f"{self.function}/MLTrainingProcess={self.process(rid)['id']}"
+
+    def modify(self, rid: str, *, termination: dict[str, Any] | None = None,
+               requirements: dict[str, Any] | None = None, attributes: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Change a request: termination parameters / requirements (merged in; a running process takes them at
+        its next iteration) and 3GPP attributes."""
+        vs = []
+        if termination is not None:
+            vs.append({"id": "sluice-termination", "attributes": {"vsData": termination}})
+        if requirements is not None:
+            vs.append({"id": "sluice-requirements", "attributes": {"vsData": requirements}})
+        body: dict[str, Any] = {"attributes": attributes or {}}
+        if vs:
+            body["VsDataContainer"] = vs
+        return self.patch(self.request_ldn(rid), body)
+
+    def cancel(self, rid: str) -> dict[str, Any]:
+        return self.patch(self.request_ldn(rid), {"attributes": {"cancelRequest": True}})
+
+    def suspend(self, rid: str) -> dict[str, Any]:
+        return self.patch(self.request_ldn(rid), {"attributes": {"suspendRequest": True}})
+
+    def resume(self, rid: str) -> dict[str, Any]:
+        return self.patch(self.request_ldn(rid), {"attributes": {"suspendRequest": False}})
+
+    def delete(self, rid: str) -> None:
+        self._send("DELETE", self.uri(self.request_ldn(rid)), f"delete request {rid}")
+
+    def set_priority(self, rid: str, priority: int) -> dict[str, Any]:
+        return self.patch(self.process_ldn(rid), {"attributes": {"priority": int(priority)}})
+
+    def accept(self, rid: str, changes: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Answer the producer's proposal: accept it, or modify it with ``changes`` (merged into it)."""
+        if changes:
+            vs = [{"id": "sluice-termination", "attributes": {"vsData": changes}}]
+        else:
+            vs = [{"id": "sluice-negotiation", "attributes": {"vsData": {"accept": True}}}]
+        return self.patch(self.process_ldn(rid), {"VsDataContainer": vs})
+
+    def upload(self, rid: str, X: Any, y: Any, client: int | None = None) -> dict[str, Any]:
+        """Training data for the request's process (arrays or lists); an ended process retrains with it."""
+        import numpy as np
+
+        data: dict[str, Any] = {"X": np.asarray(X, dtype=float).tolist(), "y": np.asarray(y).tolist()}
+        if client is not None:
+            data["client"] = int(client)
+        return self.patch(self.process_ldn(rid), {"VsDataContainer": [{"id": "sluice-data",
+                                                                       "attributes": {"vsData": data}}]})
+
+    def feedback(self, rid: str, metric: str, value: float) -> dict[str, Any]:
+        """Report how the model performs in use; the answer is the request's ``sluice-trigger``."""
+        out = self.patch(self.request_ldn(rid), {"VsDataContainer": [
+            {"id": "sluice-feedback", "attributes": {"vsData": {"metric": metric, "value": float(value)}}}]})
+        return vs_of(out, "sluice-trigger") or {}
+
+    def report(self, rid: str) -> dict[str, Any]:
+        """The report of the request's current process (SluiceError when it has not ended)."""
+        proc = self.process(rid)
+        ref = proc["attributes"].get("trainingReportRef")
+        if not ref:
+            raise SluiceError(f"request {rid} has no report yet (its process is "
+                              f"{proc['attributes']['progressStatus']['status']})")
+        return self.get_dn(ref)
+
+    def model(self, rid: str) -> dict[str, Any]:
+        rep = self.report(rid)
+        ref = rep["attributes"].get("mLModelGeneratedRef")
+        if not ref:
+            raise SluiceError(f"request {rid} produced no model ({(vs_of(rep, 'sluice-report') or {}).get('cause')})")
+        return self.get_dn(ref)
+
+    def download_model(self, rid: str, path: str | Path) -> Path:
+        rep = self.report(rid)
+        ref = rep["attributes"].get("mLModelGeneratedRef")
+        if not ref:
+            raise SluiceError(f"request {rid} produced no model")
+        resp = self._send("GET", self.dn_uri(ref), "download model", headers={"Accept": "application/octet-stream"})
+        p = Path(path)
+        p.write_bytes(resp.content)
+        return p
+
+    def status(self, rid: str) -> tuple[str, dict[str, Any]]:
+        """``(requestStatus, current process)``."""
+        return self.request(rid)["attributes"]["requestStatus"], self.process(rid)
+
+    def watch(self, rid: str, interval: float = 0.5, timeout: float | None = None) -> Iterator[dict[str, Any]]:
+        """The request's current process every ``interval`` seconds until the request ends."""
+        t0 = time.monotonic()
+        while True:
+            status, proc = self.status(rid)
+            yield proc
+            if status in ENDED:
+                return
+            if timeout is not None and time.monotonic() - t0 > timeout:
+                raise SluiceError(f"request {rid} did not end within {timeout:g} s (it is {status})")
+            time.sleep(interval)
+
+    def wait(self, rid: str, timeout: float = 600.0, interval: float = 0.3) -> dict[str, Any]:
+        """Wait until the request ends; its current process."""
+        last: dict[str, Any] = {}
+        for snapshot in self.watch(rid, interval, timeout):
+            last = snapshot
+        return last
+
+    # ------------------------------------------------------------------ subscriptions
+    def subscribe(self, sid: str, address: str, types: list[str] | None = None,
+                  scope: dict[str, Any] | None = None, notification_filter: str | None = None) -> dict[str, Any]:
+        attrs: dict[str, Any] = {"notificationRecipientAddress": address,
+                                 "notificationTypes": types or ["notifyMOICreation",
+                                                                "notifyMOIAttributeValueChanges",
+                                                                "notifyMOIDeletion"]}
+        if scope is not None:
+            attrs["scope"] = scope
+        if notification_filter is not None:
+            attrs["notificationFilter"] = notification_filter
+        ldn = f"{self.subnetwork}/NtfSubscriptionControl={sid}"
+        return self._send("PUT", self.uri(ldn), "subscribe", json={"id": sid, "attributes": attrs}).json()
+
+    def unsubscribe(self, sid: str) -> None:
+        self._send("DELETE", self.uri(f"{self.subnetwork}/NtfSubscriptionControl={sid}"), "unsubscribe")

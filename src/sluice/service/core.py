@@ -1,0 +1,1105 @@
+"""The producer behind the REST interface: requests, processes, reports, models and subscriptions.
+
+Resources and who writes them (LDNs under ``SubNetwork={sn}``)::
+
+    MLTrainingFunction={tf}/MLTrainingRequest={id}   consumer creates/modifies; requestStatus is the producer's
+    MLTrainingFunction={tf}/MLTrainingProcess={id}   producer creates one per (re)training; consumer PATCHes controls
+    MLTrainingFunction={tf}/MLTrainingReport={id}    producer creates when a process ends (read-only)
+    MLModelRepository={mr}/MLModel={id}              producer creates with the trained model (read-only, downloadable)
+    NtfSubscriptionControl={id}                      consumer creates/deletes
+
+A request carries Sluice's job in VsDataContainer entries: ``sluice-job`` (the engine kind and its
+configuration, as in a job TOML file, with ``model.id/version/type``), ``sluice-requirements`` (R1; the
+3GPP ``performanceRequirements`` add their thresholds), ``sluice-termination`` (T1) and
+``sluice-negotiation`` (``decidedBy``: ``consumer`` — the default when termination parameters are sent —,
+``producer`` — the default otherwise — or ``negotiated``: the producer proposes and the process waits
+in ``AWAITING_AGREEMENT`` until the consumer accepts (``{"accept": true}``) or modifies the proposal by
+PATCHing the process). Feedback (``sluice-feedback`` on the request: ``{"metric", "value"}``) and new
+training data on an ended process start a retraining (T7): a new process, the next model version.
+
+Process life (``internal.phase``): ``proposed`` → ``queued`` → ``starting`` → ``running`` → ``ended``. The
+request's ``requestStatus`` follows its latest process: NOT_STARTED (proposed, queued, starting),
+IN_PROGRESS (running or awaiting data), SUSPENDED, CANCELLING (cancel asked, not yet ended), FINISHED,
+CANCELLED (cancelled, or refused before training: feasibility, a job that cannot be built).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import threading
+import time
+import uuid
+from typing import Any
+
+from sluice.control.params import Cause, parse_requirements, parse_termination
+from sluice.control.report import brief
+from sluice.errors import ConfigError, SluiceError
+from sluice.service.config import ServiceConfig
+from sluice.service.db import MOI, Artifact, Upload, make_engine, migrate
+from sluice.service.nrm import (
+    CM_NOTIFICATION_TYPES,
+    READ_ONLY,
+    WRITABLE,
+    MnSError,
+    check_id,
+    id_of,
+    ldn_to_dn,
+    now_iso,
+    read_vs,
+    safe_id,
+)
+from sluice.service.outbox import Outbox
+from sluice.service.store import Store, Tx
+from sluice.service.worker import Supervisor, WorkerGone
+
+ENDED = ("FINISHED", "FAILED", "CANCELLED")
+_DUMP: dict[str, Any] = {"mode": "json", "exclude_none": True, "exclude_defaults": True}
+MAX_UPLOAD_SAMPLES = 200_000
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def merge_patch(base: Any, patch: Any) -> Any:
+    """RFC 7396 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(base) if isinstance(base, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = merge_patch(out.get(k), v)
+    return out
+
+
+def parse_conditions(text: str) -> dict[str, Any]:
+    """``terminationConditions`` as termination parameters: a JSON object, or ``key=value`` pairs joined by
+    ``;`` with dotted keys (``iterations=20; performance.test_accuracy=0.9``), as the producer writes it."""
+    text = text.strip()
+    if not text:
+        return {}
+    if text.startswith("{"):
+        try:
+            doc = json.loads(text)
+        except ValueError as exc:
+            raise MnSError(400, f"terminationConditions is not valid JSON: {exc}",
+                           bad_attributes=["terminationConditions"]) from exc
+        if not isinstance(doc, dict):
+            raise MnSError(400, "terminationConditions must be a JSON object", bad_attributes=["terminationConditions"])
+        return doc
+    out: dict[str, Any] = {}
+    for pair in text.split(";"):
+        if not pair.strip():
+            continue
+        key, eq, raw = pair.partition("=")
+        if not eq or not key.strip():
+            raise MnSError(400, f"terminationConditions: {pair.strip()!r} is not key=value",
+                           bad_attributes=["terminationConditions"])
+        try:
+            value = json.loads(raw.strip())
+        except ValueError:
+            value = raw.strip()
+        node = out
+        parts = key.strip().split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return out
+
+
+def _config_error(exc: Exception, default: str) -> MnSError:
+    """A 400 naming the VsDataContainer each bad field of a job belongs to."""
+    text = str(exc)
+    bad: list[str] = []
+    for line in text.split("\n"):
+        line = line.strip()
+        if line.startswith("requirements."):
+            bad.append("VsDataContainer/sluice-requirements")
+        elif line.startswith("termination."):
+            bad.append("VsDataContainer/sluice-termination")
+        elif line and not line.startswith("invalid"):
+            bad.append(default)
+    return MnSError(400, text.replace("\n  ", "; "), bad_attributes=list(dict.fromkeys(bad or [default])))
+
+
+class TrainingService:
+    """One producer: its store, outbox and supervisor; every operation of the REST interface."""
+
+    def __init__(self, cfg: ServiceConfig, public_url: str) -> None:
+        self.cfg = cfg
+        self.public_url = public_url.rstrip("/")
+        sn = f"SubNetwork={cfg.subnetwork}"
+        self.sn = sn
+        self.tf = f"{sn}/MLTrainingFunction={cfg.training_function}"
+        self.repo = f"{sn}/MLModelRepository={cfg.model_repository}"
+        self.db = make_engine(cfg.database)
+        migrate(self.db)
+        self.store = Store(self.db, system_dn=ldn_to_dn(sn), href=self.href)
+        self.outbox = Outbox(self.store, timeout_s=cfg.notify_timeout_s, max_attempts=cfg.notify_max_attempts,
+                             backoff_s=cfg.notify_backoff_s)
+        self.supervisor = Supervisor(cfg.max_concurrent, self._pick_next, self._on_message,
+                                     start_method=cfg.worker_start, call_timeout_s=cfg.call_timeout_s)
+        self._last_progress: dict[str, float] = {}
+        self._policy_lock = threading.Lock()
+
+    def href(self, ldn: str) -> str:
+        return f"{self.public_url}{self.cfg.base_path}/{ldn}"
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> TrainingService:
+        with self.store.write() as tx:
+            for ldn, cls, attrs in (
+                (self.sn, "SubNetwork", {"userLabel": "Sluice"}),
+                (self.tf, "MLTrainingFunction", {"mLModelRepositoryRef": ldn_to_dn(self.repo)}),
+                (self.repo, "MLModelRepository", {}),
+            ):
+                if tx.get(ldn) is None:
+                    tx.create(ldn, cls, attrs)
+            self._recover(tx)
+        self.outbox.start()
+        self.supervisor.start()
+        return self
+
+    def stop(self) -> None:
+        self.supervisor.stop()
+        self.outbox.stop()
+        self.db.dispose()
+
+    def _recover(self, tx: Tx) -> None:
+        """Processes that were starting or running when the service stopped cannot go on (their worker died
+        with it): they end FAILED with an ENGINE_FAILURE report saying so. Queued ones stay queued."""
+        for row in tx.of_class("MLTrainingProcess"):
+            if row.internal.get("phase") in ("starting", "running"):
+                st = dict(row.vs_data.get("sluice-status") or {})
+                report = {"cause": Cause.ENGINE_FAILURE.value, "status": "FAILED",
+                          "detail": "the service stopped while this process trained; "
+                                    f"{st.get('iterations', 0)} iterations were done and are lost",
+                          "iterations": st.get("iterations", 0), "performance": st.get("metrics", {}),
+                          "duration_s": st.get("elapsed_s", 0.0), "model": row.internal.get("model")}
+                self._end_process(tx, row, report, None, None)
+
+    # ------------------------------------------------------------------ reads
+    def get(self, ldn: str) -> MOI:
+        row = self.store.get(ldn)
+        if row is None:
+            raise MnSError(404, f"no managed object {ldn_to_dn(ldn)}", bad_objects=[ldn_to_dn(ldn)])
+        return row
+
+    def subtree(self, ldn: str, level: int | None) -> list[MOI]:
+        """MOIs below ``ldn`` down to ``level`` levels (None: all), in creation order."""
+        import sqlalchemy as sa
+
+        with self.store.read() as s:
+            rows = list(s.scalars(sa.select(MOI).where(MOI.dn.like(ldn.replace("%", r"\%") + "/%", escape="\\"))
+                                  .order_by(MOI.seq)))
+        base = ldn.count("/")
+        return [r for r in rows if level is None or r.dn.count("/") - base <= level]
+
+    def artifact(self, model_ldn: str) -> Artifact:
+        with self.store.read() as s:
+            art = s.get(Artifact, model_ldn)
+        if art is None:
+            raise MnSError(404, f"model {ldn_to_dn(model_ldn)} has no stored file", bad_objects=[ldn_to_dn(model_ldn)])
+        return art
+
+    # ------------------------------------------------------------------ requests: create / replace
+    def _job_from(self, attrs: dict[str, Any], vs: dict[str, Any]) -> dict[str, Any]:
+        """The job a request asks for, validated without building an engine: ``kind``, ``raw`` (engine
+        configuration + model identity), ``model``, ``requirements``, ``termination``, ``decided_by``."""
+        from sluice.jobs import ENGINE_KINDS, job_from_dict
+
+        job = vs.get("sluice-job")
+        job = dict(job) if isinstance(job, dict) else ({} if job is None else None)
+        if job is None:
+            raise MnSError(400, "sluice-job vsData must be an object (a job: engine = ..., and its sections)",
+                           bad_attributes=["VsDataContainer/sluice-job"])
+        kind = job.pop("engine", self.cfg.default_engine)
+        if kind not in ENGINE_KINDS:
+            raise MnSError(400, f"sluice-job engine must be one of {', '.join(ENGINE_KINDS)}, got {kind!r}",
+                           bad_attributes=["VsDataContainer/sluice-job"])
+        for k in ("requirements", "termination"):
+            if k in job:
+                raise MnSError(400, f"{k} go in the VsDataContainer sluice-{k}, not in sluice-job",
+                               bad_attributes=["VsDataContainer/sluice-job"])
+        req = vs.get("sluice-requirements")
+        if req is not None and not isinstance(req, dict):
+            raise MnSError(400, "sluice-requirements vsData must be an object",
+                           bad_attributes=["VsDataContainer/sluice-requirements"])
+        req = dict(req or {})
+        perf = attrs.get("performanceRequirements") or []
+        for i, p in enumerate(perf):
+            if not isinstance(p, dict) or not isinstance(p.get("performanceMetric"), str) \
+                    or not _finite(p.get("performanceScore")):
+                raise MnSError(400, f"performanceRequirements[{i}] needs performanceMetric (text) and "
+                               "performanceScore (a number)", bad_attributes=["performanceRequirements"])
+            req.setdefault("performance", {})[p["performanceMetric"]] = float(p["performanceScore"])
+        term = vs.get("sluice-termination")
+        if term is not None and not isinstance(term, dict):
+            raise MnSError(400, "sluice-termination vsData must be an object",
+                           bad_attributes=["VsDataContainer/sluice-termination"])
+        neg = vs.get("sluice-negotiation") or {}
+        if not isinstance(neg, dict):
+            raise MnSError(400, "sluice-negotiation vsData must be an object",
+                           bad_attributes=["VsDataContainer/sluice-negotiation"])
+        decided = neg.get("decidedBy") or ("consumer" if term is not None else "producer")
+        if decided not in ("consumer", "producer", "negotiated"):
+            raise MnSError(400, f"decidedBy must be consumer, producer or negotiated, got {decided!r}",
+                           bad_attributes=["VsDataContainer/sluice-negotiation"])
+        if decided == "consumer" and term is None:
+            raise MnSError(400, "decidedBy consumer needs the termination parameters (sluice-termination)",
+                           bad_attributes=["VsDataContainer/sluice-termination"])
+        if decided != "consumer" and term is not None:
+            raise MnSError(400, f"decidedBy {decided}: the producer sets the termination parameters; send none "
+                           "(or decidedBy consumer)", bad_attributes=["VsDataContainer/sluice-termination"])
+        model = dict(job.get("model") or {})
+        name = attrs.get("aIMLInferenceName")
+        if name and "type" not in model:
+            from sluice.control.params import normalise_model_type
+
+            try:
+                model["type"] = normalise_model_type(name)
+            except ValueError:
+                pass
+        if model:
+            job["model"] = model
+        doc = dict(job)
+        if req:
+            doc["requirements"] = req
+        if term is not None:
+            doc["termination"] = term
+        try:
+            parsed = job_from_dict(kind, doc)
+        except SluiceError as exc:
+            raise _config_error(exc, "VsDataContainer/sluice-job") from exc
+        except ValueError as exc:
+            raise _config_error(exc, "VsDataContainer/sluice-job") from exc
+        return {
+            "kind": kind, "raw": {k: v for k, v in doc.items() if k not in ("requirements", "termination")},
+            "model": parsed.model.model_dump(mode="json"),
+            "requirements": None if parsed.requirements is None else parsed.requirements.model_dump(
+                mode="json", exclude_none=True, exclude_defaults=True),
+            "termination": None if parsed.termination is None else parsed.termination.model_dump(
+                mode="json", exclude_none=True, exclude_defaults=True),
+            "decided_by": decided,
+        }
+
+    def _check_attrs(self, cls: str, attrs: Any, *, old: dict[str, Any] | None = None) -> dict[str, Any]:
+        if not isinstance(attrs, dict):
+            raise MnSError(400, "attributes must be an object", bad_attributes=["attributes"])
+        ro = sorted(k for k in attrs if k in READ_ONLY[cls] and (old is None or attrs[k] != old.get(k)))
+        if ro:
+            raise MnSError(400, f"read-only attributes of {cls}: {', '.join(ro)} (the producer sets them)",
+                           bad_attributes=ro)
+        unknown = sorted(k for k in attrs if k not in WRITABLE[cls] and k not in READ_ONLY[cls])
+        if unknown:
+            raise MnSError(400, f"{cls} has no attribute {', '.join(unknown)}", bad_attributes=unknown)
+        for k in ("cancelRequest", "suspendRequest", "cancelProcess", "suspendProcess"):
+            if k in attrs and not isinstance(attrs[k], bool):
+                raise MnSError(400, f"{k} must be true or false", bad_attributes=[k])
+        return {k: v for k, v in attrs.items() if k not in READ_ONLY[cls]}
+
+    def put_request(self, ldn: str, body: dict[str, Any]) -> tuple[MOI, bool]:
+        """Create (True) or replace (False) the request at ``ldn``."""
+        if self.store.get(ldn) is None:
+            return self.create_request(ldn, body), True
+        return self.modify_request(ldn, body.get("attributes") or {}, read_vs(body, "MLTrainingRequest"),
+                                   replace=True), False
+
+    def new_request_id(self) -> str:
+        return f"R{uuid.uuid4().hex[:12]}"
+
+    def create_request(self, ldn: str, body: dict[str, Any]) -> MOI:
+        check_id(id_of(ldn))
+        attrs = self._check_attrs("MLTrainingRequest", body.get("attributes") or {})
+        vs = read_vs(body, "MLTrainingRequest")
+        job = self._job_from(attrs, vs)
+        attrs.setdefault("cancelRequest", False)
+        attrs.setdefault("suspendRequest", False)
+        attrs["requestStatus"] = "NOT_STARTED"
+        with self.store.write() as tx:
+            if tx.get(ldn) is not None:
+                raise MnSError(409, f"{ldn_to_dn(ldn)} exists")
+            req = tx.create(ldn, "MLTrainingRequest", attrs, vs, {"processes": [], "job": job})
+            proc = self._new_process(tx, req, job, trigger="CONSUMER_REQUEST", suspended=attrs["suspendRequest"])
+            if attrs["cancelRequest"]:
+                self._cancel_pending(tx, proc)
+            self._sync_request(tx, proc)
+        self.supervisor.wake()
+        return self.get(ldn)
+
+    # ------------------------------------------------------------------ processes: create / negotiate
+    def _history(self) -> Any:
+        from sluice.control.producer import RunHistory, RunRecord
+
+        hist = RunHistory()
+        with self.store.read() as s:
+            import sqlalchemy as sa
+
+            for row in s.scalars(sa.select(MOI).where(MOI.object_class == "MLTrainingReport").order_by(MOI.seq)):
+                r = row.vs_data.get("sluice-report") or {}
+                m = r.get("model") or {}
+                try:
+                    hist.add(RunRecord(model_id=m.get("id", "model"), model_type=m.get("type"),
+                                       version=str(m.get("version", "1")), cause=r.get("cause", "ENGINE_FAILURE"),
+                                       fired=(r.get("criterion") or {}).get("rule"),
+                                       iterations=int(r.get("iterations") or 0),
+                                       duration_s=float(r.get("duration_s") or 0.0),
+                                       performance={k: v for k, v in (r.get("performance") or {}).items()
+                                                    if _finite(v)}))
+                except (ValueError, TypeError):
+                    continue
+        return hist
+
+    def _propose(self, job: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        from sluice.control.params import parse_model
+        from sluice.control.producer import Producer
+
+        def no_engine(*_: Any) -> Any:
+            raise ConfigError("proposals need no engine")
+
+        with self._policy_lock:
+            producer = Producer(self.cfg.training_function, no_engine, self.cfg.policy, self._history())
+            req = parse_requirements(job["requirements"]) if job["requirements"] else None
+            prop = producer.propose(parse_model(job["model"]), req)
+        return prop.termination.model_dump(**_DUMP), list(prop.rationale)
+
+    def _new_process(self, tx: Tx, req: MOI, job: dict[str, Any], *, trigger: str, suspended: bool = False,
+                     model: dict[str, Any] | None = None, last_report: str | None = None) -> MOI:
+        n = len(req.internal.get("processes", [])) + 1
+        pid = safe_id(f"{id_of(req.dn)}-{n}")
+        ldn = f"{self.tf}/MLTrainingProcess={pid}"
+        model = model or job["model"]
+        decided = job["decided_by"]
+        if trigger != "CONSUMER_REQUEST":
+            decided = "agreed"
+        neg: dict[str, Any] = {"decidedBy": job["decided_by"], "state": "AGREED"}
+        termination = job["termination"]
+        if decided in ("producer", "negotiated"):
+            termination, rationale = self._propose(job)
+            neg["proposal"] = termination
+            neg["rationale"] = rationale
+            if decided == "negotiated":
+                neg["state"] = "PROPOSED"
+        phase = "proposed" if neg["state"] == "PROPOSED" else "queued"
+        status = {"status": "NOT_STARTED", "progressPercentage": 0,
+                  "progressStateInfo": "AWAITING_AGREEMENT" if phase == "proposed" else "QUEUED",
+                  "resultStateInfo": ""}
+        if suspended and phase == "queued":
+            status.update(status="SUSPENDED", progressStateInfo="SUSPENDED")
+        attrs = {"priority": int(req.internal.get("priority", 0)),
+                 "terminationConditions": brief(parse_termination(termination)) if termination else "",
+                 "progressStatus": status, "cancelProcess": False, "suspendProcess": bool(suspended),
+                 "trainingRequestRef": [ldn_to_dn(req.dn)]}
+        vs = {"sluice-negotiation": neg, "sluice-status": {"state": status["status"], "iterations": 0}}
+        if termination is not None:
+            vs["sluice-termination"] = termination
+        if job["requirements"]:
+            vs["sluice-requirements"] = job["requirements"]
+        internal = {"phase": phase, "request": req.dn, "kind": job["kind"], "raw": job["raw"], "model": model,
+                    "trigger": trigger, "termination": termination, "requirements": job["requirements"],
+                    "suspended": bool(suspended), "queued_at": time.time(), "last_report": last_report}
+        proc = tx.create(ldn, "MLTrainingProcess", attrs, vs, internal)
+        ri = dict(req.internal)
+        ri["processes"] = [*ri.get("processes", []), ldn]
+        ri["current"] = ldn
+        tx.update(req, internal=ri, notify=False)
+        return proc
+
+    # ------------------------------------------------------------------ request status
+    @staticmethod
+    def _request_status(proc: MOI) -> str:
+        i = proc.internal
+        st = proc.attributes.get("progressStatus", {}).get("status")
+        phase = i.get("phase")
+        if phase == "ended":
+            if st == "CANCELLED" or i.get("refused"):
+                return "CANCELLED"
+            return "FINISHED"
+        if i.get("cancelling"):
+            return "CANCELLING"
+        if phase in ("proposed", "queued", "starting"):
+            return "SUSPENDED" if i.get("suspended") else "NOT_STARTED"
+        return "SUSPENDED" if st == "SUSPENDED" else "IN_PROGRESS"
+
+    def _sync_request(self, tx: Tx, proc: MOI) -> None:
+        req = tx.get(proc.internal["request"])
+        if req is None or req.internal.get("current") != proc.dn:
+            return
+        attrs = dict(req.attributes)
+        attrs["requestStatus"] = self._request_status(proc)
+        if attrs != req.attributes:
+            tx.update(req, attributes=attrs)
+
+    def _set_process(self, tx: Tx, proc: MOI, *, attrs: dict[str, Any] | None = None,
+                     vs: dict[str, Any] | None = None, internal: dict[str, Any] | None = None) -> None:
+        a = dict(proc.attributes)
+        a.update(attrs or {})
+        v = dict(proc.vs_data)
+        v.update(vs or {})
+        i = dict(proc.internal)
+        i.update(internal or {})
+        tx.update(proc, attributes=a, vs_data=v, internal=i)
+        self._sync_request(tx, proc)
+
+    # ------------------------------------------------------------------ requests: modify
+    def modify_request(self, ldn: str, attrs_in: dict[str, Any], vs_in: dict[str, Any], *, replace: bool,
+                       merge: bool = False) -> MOI:
+        """Apply new attributes and VsData to a request: PUT replaces the writable attributes and
+        containers, a merge patch merges them (``merge``). Cancel, suspend/resume, requirement and
+        termination changes act on the current process; feedback may start a retraining."""
+        req = self.get(ldn)
+        old_attrs = {k: v for k, v in req.attributes.items() if k != "requestStatus"}
+        old_vs = {k: v for k, v in req.vs_data.items() if k not in ("sluice-trigger",)}
+        if merge:
+            attrs = self._check_attrs("MLTrainingRequest", merge_patch(old_attrs, attrs_in) if isinstance(
+                attrs_in, dict) else attrs_in, old=req.attributes)
+            vs = dict(old_vs)
+            for k, v in vs_in.items():
+                if v is None:
+                    vs.pop(k, None)
+                elif k == "sluice-feedback":
+                    vs[k] = v
+                else:
+                    vs[k] = merge_patch(old_vs.get(k), v) if isinstance(v, dict) else v
+        else:
+            attrs = self._check_attrs("MLTrainingRequest", attrs_in, old=req.attributes)
+            vs = dict(vs_in)
+        attrs.setdefault("cancelRequest", old_attrs.get("cancelRequest", False))
+        attrs.setdefault("suspendRequest", old_attrs.get("suspendRequest", False))
+        feedback = vs.pop("sluice-feedback", None)
+        proc = self.get(req.internal["current"])
+        ended = proc.internal.get("phase") == "ended"
+        job_keys = ("sluice-job", "sluice-requirements", "sluice-termination", "sluice-negotiation")
+        job_attrs = ("performanceRequirements", "aIMLInferenceName")
+        job_changed = any(vs.get(k) != old_vs.get(k) for k in job_keys) or any(
+            attrs.get(k) != old_attrs.get(k) for k in job_attrs)
+        new_job = self._job_from(attrs, vs) if job_changed else req.internal["job"]
+        cancel = attrs["cancelRequest"] and not old_attrs.get("cancelRequest", False)
+        suspend_change = attrs["suspendRequest"] != old_attrs.get("suspendRequest", False)
+        if cancel and ended and proc.attributes["progressStatus"]["status"] != "CANCELLED":
+            raise MnSError(409, f"the request has ended ({req.attributes.get('requestStatus')}); it cannot be "
+                           "cancelled", bad_attributes=["cancelRequest"])
+        if suspend_change and ended:
+            raise MnSError(409, f"the request has ended ({req.attributes.get('requestStatus')}); it cannot be "
+                           "suspended or resumed", bad_attributes=["suspendRequest"])
+        if job_changed and not ended and proc.internal.get("phase") in ("starting", "running"):
+            old_job = req.internal["job"]
+            if (new_job["kind"], new_job["raw"], new_job["decided_by"]) != (
+                    old_job["kind"], old_job["raw"], old_job["decided_by"]):
+                raise MnSError(409, "the engine, its configuration or the negotiation mode cannot change while "
+                               "the request trains; cancel it and create a new one",
+                               bad_attributes=["VsDataContainer/sluice-job"])
+            upd: dict[str, Any] = {"cmd": "update"}
+            if new_job["requirements"] != old_job["requirements"]:
+                upd["requirements"] = new_job["requirements"] or {}
+            if new_job["termination"] != old_job["termination"] and new_job["termination"] is not None:
+                upd["termination"] = new_job["termination"]
+                upd["replace"] = True
+            if len(upd) > 1:
+                self._call(proc, upd, "VsDataContainer/sluice-termination")
+        # write the request, then act on the process
+        with self.store.write() as tx:
+            cur = tx.get(ldn)
+            assert cur is not None
+            new_attrs = dict(attrs)
+            new_attrs["requestStatus"] = cur.attributes.get("requestStatus", "NOT_STARTED")
+            tx.update(cur, attributes=new_attrs, vs_data={**vs, **({"sluice-trigger": cur.vs_data["sluice-trigger"]}
+                                                                   if "sluice-trigger" in cur.vs_data else {})},
+                      internal={**cur.internal, "job": new_job})
+            p = tx.get(proc.dn)
+            assert p is not None
+            if job_changed and p.internal.get("phase") in ("proposed", "queued"):
+                self._requeue_with(tx, cur, p, new_job)
+                p = tx.get(proc.dn)
+                assert p is not None
+            elif job_changed and p.internal.get("phase") in ("starting", "running"):
+                self._set_process(tx, p, vs={k: v for k, v in (
+                    ("sluice-termination", new_job["termination"]), ("sluice-requirements", new_job["requirements"]))
+                    if v is not None}, attrs={"terminationConditions": brief(parse_termination(
+                        new_job["termination"])) if new_job["termination"] else p.attributes.get(
+                        "terminationConditions", "")}, internal={"termination": new_job["termination"] or
+                                                                 p.internal.get("termination"),
+                                                                 "requirements": new_job["requirements"]})
+        if suspend_change:
+            self._suspend(proc.dn, attrs["suspendRequest"])
+        if cancel:
+            self._cancel(proc.dn)
+        if feedback is not None:
+            self.feedback(ldn, feedback)
+        self.supervisor.wake()
+        return self.get(ldn)
+
+    def _requeue_with(self, tx: Tx, req: MOI, proc: MOI, job: dict[str, Any]) -> None:
+        """A request changed before its process started: the process takes the new job (and a new proposal
+        when the producer decides)."""
+        neg = {"decidedBy": job["decided_by"], "state": "AGREED"}
+        termination = job["termination"]
+        if job["decided_by"] in ("producer", "negotiated"):
+            termination, rationale = self._propose(job)
+            neg.update(proposal=termination, rationale=rationale)
+            if job["decided_by"] == "negotiated":
+                neg["state"] = "PROPOSED"
+        phase = "proposed" if neg["state"] == "PROPOSED" else "queued"
+        status = dict(proc.attributes["progressStatus"])
+        if not proc.internal.get("suspended"):
+            status["progressStateInfo"] = "AWAITING_AGREEMENT" if phase == "proposed" else "QUEUED"
+        vs = {"sluice-negotiation": neg}
+        if termination is not None:
+            vs["sluice-termination"] = termination
+        if job["requirements"]:
+            vs["sluice-requirements"] = job["requirements"]
+        v = {k: x for k, x in proc.vs_data.items() if k not in ("sluice-termination", "sluice-requirements")}
+        v.update(vs)
+        a = dict(proc.attributes)
+        a.update(progressStatus=status,
+                 terminationConditions=brief(parse_termination(termination)) if termination else "")
+        i = dict(proc.internal)
+        i.update(phase=phase, kind=job["kind"], raw=job["raw"], model=job["model"], termination=termination,
+                 requirements=job["requirements"])
+        tx.update(proc, attributes=a, vs_data=v, internal=i)
+        self._sync_request(tx, proc)
+
+    # ------------------------------------------------------------------ controls
+    def _call(self, proc: MOI, cmd: dict[str, Any], attr: str) -> None:
+        try:
+            ack = self.supervisor.call(proc.dn, cmd)
+        except WorkerGone as exc:
+            raise MnSError(409, "the training process is not running any more", bad_attributes=[attr]) from exc
+        if not ack.get("ok"):
+            status = 503 if ack.get("timeout") else 400
+            raise MnSError(status, f"the training process refused it: {ack.get('error')}", bad_attributes=[attr])
+
+    def _cancel_pending(self, tx: Tx, proc: MOI) -> None:
+        """End a process that has no worker (proposed, queued) as CANCELLED, through CANCELLING."""
+        self._set_process(tx, proc, attrs={"cancelProcess": True}, internal={"cancelling": True})
+        report = {"cause": "CANCELLED", "status": "CANCELLED", "detail": "cancelled before training started",
+                  "iterations": 0, "model": proc.internal.get("model")}
+        self._end_process(tx, proc, report, None, None)
+
+    def _cancel(self, proc_ldn: str) -> None:
+        with self.store.write() as tx:
+            proc = tx.get(proc_ldn)
+            assert proc is not None
+            phase = proc.internal.get("phase")
+            if phase == "ended":
+                return
+            if phase in ("proposed", "queued"):
+                self._set_process(tx, proc, attrs={"cancelProcess": True}, internal={"cancelling": True})
+            else:
+                status = dict(proc.attributes["progressStatus"])
+                status["progressStateInfo"] = "CANCELLING"
+                self._set_process(tx, proc, attrs={"cancelProcess": True, "progressStatus": status},
+                                  internal={"cancelling": True})
+        if phase in ("proposed", "queued"):
+            with self.store.write() as tx:  # a second transaction: CANCELLING, then CANCELLED
+                proc = tx.get(proc_ldn)
+                assert proc is not None
+                report = {"cause": "CANCELLED", "status": "CANCELLED", "detail": "cancelled before training started",
+                          "iterations": 0, "model": proc.internal.get("model")}
+                self._end_process(tx, proc, report, None, None)
+            return
+        try:
+            self.supervisor.send(proc_ldn, {"cmd": "cancel"})
+        except WorkerGone:
+            pass  # it is ending anyway; its done message settles the state
+
+    def _suspend(self, proc_ldn: str, on: bool) -> None:
+        with self.store.write() as tx:
+            proc = tx.get(proc_ldn)
+            assert proc is not None
+            phase = proc.internal.get("phase")
+            if phase == "ended":
+                raise MnSError(409, f"the process has ended ({proc.attributes['progressStatus']['status']})",
+                               bad_attributes=["suspendProcess"])
+            if phase == "proposed":
+                raise MnSError(409, "the process awaits agreement on its parameters; accept or modify the "
+                               "proposal first", bad_attributes=["suspendProcess"])
+            if phase in ("queued",):
+                status = dict(proc.attributes["progressStatus"])
+                status.update(status="SUSPENDED" if on else "NOT_STARTED",
+                              progressStateInfo="SUSPENDED" if on else "QUEUED")
+                self._set_process(tx, proc, attrs={"suspendProcess": on, "progressStatus": status},
+                                  internal={"suspended": on})
+                req = tx.get(proc.internal["request"])
+                if req is not None and req.attributes.get("suspendRequest") != on:
+                    tx.update(req, attributes={**req.attributes, "suspendRequest": on})
+                return
+            self._set_process(tx, proc, attrs={"suspendProcess": on}, internal={"suspended": on})
+            req = tx.get(proc.internal["request"])
+            if req is not None and req.attributes.get("suspendRequest") != on:
+                tx.update(req, attributes={**req.attributes, "suspendRequest": on})
+        try:
+            self.supervisor.send(proc_ldn, {"cmd": "suspend" if on else "resume"})
+        except WorkerGone:
+            pass
+
+    def modify_process(self, ldn: str, attrs_in: dict[str, Any], vs_in: dict[str, Any], *, merge: bool) -> MOI:
+        """PATCH/PUT of a process: cancel, suspend/resume, priority, termination conditions, the answer to
+        a proposal, and training data."""
+        proc = self.get(ldn)
+        old = {k: v for k, v in proc.attributes.items() if k not in READ_ONLY["MLTrainingProcess"]}
+        attrs = self._check_attrs("MLTrainingProcess", merge_patch(old, attrs_in) if merge else attrs_in,
+                                  old=proc.attributes)
+        for k in ("cancelProcess", "suspendProcess"):
+            attrs.setdefault(k, old.get(k, False))
+        phase = proc.internal.get("phase")
+        if "priority" in attrs and (not isinstance(attrs["priority"], int) or isinstance(attrs["priority"], bool)):
+            raise MnSError(400, "priority must be an integer", bad_attributes=["priority"])
+        data = vs_in.pop("sluice-data", None)
+        neg = vs_in.pop("sluice-negotiation", None)
+        term_patch = vs_in.pop("sluice-termination", None)
+        req_patch = vs_in.pop("sluice-requirements", None)
+        new_term: dict[str, Any] | None = None
+        replace = False
+        if attrs.get("terminationConditions", old.get("terminationConditions", "")) != old.get(
+                "terminationConditions", ""):
+            if not isinstance(attrs["terminationConditions"], str):
+                raise MnSError(400, "terminationConditions must be text", bad_attributes=["terminationConditions"])
+            new_term = parse_conditions(attrs["terminationConditions"])
+            replace = True
+        if term_patch is not None:
+            if not isinstance(term_patch, dict):
+                raise MnSError(400, "sluice-termination vsData must be an object",
+                               bad_attributes=["VsDataContainer/sluice-termination"])
+            base = proc.internal.get("termination") or {}
+            new_term = merge_patch(base, term_patch) if merge else term_patch
+            replace = True
+        if new_term is not None:
+            try:
+                new_term = parse_termination(new_term).model_dump(**_DUMP)
+            except ConfigError as exc:
+                raise _config_error(exc, "terminationConditions") from exc
+        new_req = None
+        if req_patch is not None:
+            try:
+                merged = merge_patch(proc.internal.get("requirements") or {}, req_patch)
+                new_req = parse_requirements(merged).model_dump(**_DUMP)
+            except ConfigError as exc:
+                raise _config_error(exc, "VsDataContainer/sluice-requirements") from exc
+        cancel = attrs["cancelProcess"] and not old.get("cancelProcess", False)
+        suspend_change = attrs["suspendProcess"] != old.get("suspendProcess", False)
+        if phase == "ended":
+            if cancel and proc.attributes["progressStatus"]["status"] != "CANCELLED":
+                raise MnSError(409, "the process has ended; it cannot be cancelled", bad_attributes=["cancelProcess"])
+            if suspend_change:
+                raise MnSError(409, "the process has ended; it cannot be suspended or resumed",
+                               bad_attributes=["suspendProcess"])
+            if new_term is not None or new_req is not None:
+                raise MnSError(409, "the process has ended; its parameters cannot change",
+                               bad_attributes=["terminationConditions"])
+        if neg is not None and phase != "proposed":
+            raise MnSError(409, "there is no proposal to answer: the parameters are agreed",
+                           bad_attributes=["VsDataContainer/sluice-negotiation"])
+        if data is not None:
+            return self.upload(ldn, data)
+        if phase == "proposed" and (neg is not None or new_term is not None):
+            self._answer_proposal(ldn, neg, new_term, new_req)
+        elif phase in ("starting", "running") and (new_term is not None or new_req is not None):
+            cmd: dict[str, Any] = {"cmd": "update"}
+            if new_term is not None:
+                cmd.update(termination=new_term, replace=replace)
+            if new_req is not None:
+                cmd["requirements"] = new_req
+            self._call(proc, cmd, "terminationConditions")
+        with self.store.write() as tx:
+            p = tx.get(ldn)
+            assert p is not None
+            a: dict[str, Any] = {}
+            i: dict[str, Any] = {}
+            v: dict[str, Any] = {}
+            if "priority" in attrs and attrs["priority"] != p.attributes.get("priority"):
+                a["priority"] = attrs["priority"]
+            if new_term is not None and p.internal.get("phase") != "ended":
+                a["terminationConditions"] = brief(parse_termination(new_term))
+                v["sluice-termination"] = new_term
+                i["termination"] = new_term
+            if new_req is not None and p.internal.get("phase") != "ended":
+                v["sluice-requirements"] = new_req
+                i["requirements"] = new_req
+            if a or v or i:
+                self._set_process(tx, p, attrs=a, vs=v, internal=i)
+        if suspend_change:
+            self._suspend(ldn, attrs["suspendProcess"])
+        if cancel:
+            self._cancel(ldn)
+        self.supervisor.wake()
+        return self.get(ldn)
+
+    def _answer_proposal(self, ldn: str, neg: Any, new_term: dict[str, Any] | None,
+                         new_req: dict[str, Any] | None) -> None:
+        if neg is not None and not isinstance(neg, dict):
+            raise MnSError(400, "sluice-negotiation vsData must be an object",
+                           bad_attributes=["VsDataContainer/sluice-negotiation"])
+        neg = neg or {}
+        if neg.get("accept") is False:
+            raise MnSError(400, "to reject a proposal, cancel the request or the process (cancelProcess: true)",
+                           bad_attributes=["VsDataContainer/sluice-negotiation"])
+        if new_term is None and neg.get("accept") is not True:
+            raise MnSError(400, "answer a proposal with {accept: true}, or modify it with sluice-termination or "
+                           "terminationConditions", bad_attributes=["VsDataContainer/sluice-negotiation"])
+        with self.store.write() as tx:
+            p = tx.get(ldn)
+            assert p is not None
+            state = dict(p.vs_data.get("sluice-negotiation") or {})
+            agreed = new_term if new_term is not None else state.get("proposal")
+            state.update(state="AGREED", modified=new_term is not None and new_term != state.get("proposal"),
+                         agreedAt=now_iso())
+            status = dict(p.attributes["progressStatus"])
+            status.update(progressStateInfo="SUSPENDED" if p.internal.get("suspended") else "QUEUED")
+            vs = {"sluice-negotiation": state, "sluice-termination": agreed}
+            internal = {"phase": "queued", "termination": agreed, "queued_at": time.time()}
+            if new_req is not None:
+                vs["sluice-requirements"] = new_req
+                internal["requirements"] = new_req
+            self._set_process(tx, p, attrs={"progressStatus": status,
+                                            "terminationConditions": brief(parse_termination(agreed))},
+                              vs=vs, internal=internal)
+
+    # ------------------------------------------------------------------ data (T6) and triggers (T7)
+    @staticmethod
+    def _check_data(data: Any) -> dict[str, Any]:
+        where = "VsDataContainer/sluice-data"
+        if not isinstance(data, dict):
+            raise MnSError(400, "sluice-data vsData must be an object {X: [[...], ...], y: [...], client?: n}",
+                           bad_attributes=[where])
+        extra = sorted(set(data) - {"X", "y", "client"})
+        if extra:
+            raise MnSError(400, f"sluice-data takes X, y and client; unknown {extra}", bad_attributes=[where])
+        X, y = data.get("X"), data.get("y")
+        if not isinstance(X, list) or not X or not all(isinstance(r, list) for r in X):
+            raise MnSError(400, "sluice-data X must be a non-empty list of rows (samples × features)",
+                           bad_attributes=[f"{where}/X"])
+        width = len(X[0])
+        if width == 0 or any(len(r) != width for r in X):
+            raise MnSError(400, f"sluice-data X rows must all have the same number of features ({width} in row 0)",
+                           bad_attributes=[f"{where}/X"])
+        if not all(_finite(v) for r in X for v in r):
+            raise MnSError(400, "sluice-data X must hold finite numbers only", bad_attributes=[f"{where}/X"])
+        if not isinstance(y, list) or len(y) != len(X):
+            raise MnSError(400, f"sluice-data y must be a list with one label per row of X ({len(X)})",
+                           bad_attributes=[f"{where}/y"])
+        if not all(_finite(v) or (isinstance(v, list) and all(_finite(u) for u in v)) for v in y):
+            raise MnSError(400, "sluice-data y must hold finite numbers only", bad_attributes=[f"{where}/y"])
+        if len(X) > MAX_UPLOAD_SAMPLES:
+            raise MnSError(413, f"at most {MAX_UPLOAD_SAMPLES} samples per upload", bad_attributes=[where])
+        c = data.get("client")
+        if c is not None and (not isinstance(c, int) or isinstance(c, bool) or c < 0):
+            raise MnSError(400, "sluice-data client must be an integer >= 0", bad_attributes=[f"{where}/client"])
+        return data
+
+    def upload(self, proc_ldn: str, data: Any) -> MOI:
+        """Training data for a process: a running one checks and takes it at once (a 400 says why it cannot);
+        an ended one is retrained with it (updated training data, T7): a new process, the next version."""
+        data = self._check_data(data)
+        proc = self.get(proc_ldn)
+        phase = proc.internal.get("phase")
+        if phase == "ended":
+            if proc.internal.get("kind") == "split":
+                raise MnSError(400, "split training takes no added data",
+                               bad_attributes=["VsDataContainer/sluice-data"])
+            with self.store.write() as tx:
+                self._store_upload(tx, proc, data)
+            self._retrain(proc.internal["request"], "DATA_UPDATED", "training data updated: retraining")
+            return self.get(proc_ldn)
+        if phase in ("starting", "running"):
+            self._call(proc, {"cmd": "data", "data": data}, "VsDataContainer/sluice-data")
+        with self.store.write() as tx:
+            p = tx.get(proc_ldn)
+            assert p is not None
+            self._store_upload(tx, p, data)
+        return self.get(proc_ldn)
+
+    def _store_upload(self, tx: Tx, proc: MOI, data: dict[str, Any]) -> None:
+        tx.s.add(Upload(request_dn=proc.internal["request"], process_dn=proc.dn, payload=data,
+                        samples=len(data["X"]), created_at=time.time()))
+        st = dict(proc.vs_data.get("sluice-data") or {"uploads": 0, "samples": 0})
+        st["uploads"] = int(st.get("uploads", 0)) + 1
+        st["samples"] = int(st.get("samples", 0)) + len(data["X"])
+        st["last"] = now_iso()
+        self._set_process(tx, proc, vs={"sluice-data": st})
+
+    def feedback(self, req_ldn: str, fb: Any) -> None:
+        """Consumer feedback on the model in use: retrain when the measured value is worse than the policy's
+        threshold for the metric; the answer is the request's ``sluice-trigger``."""
+        from sluice.control.params import resolve_metric, spec_of
+
+        if not isinstance(fb, dict) or not isinstance(fb.get("metric"), str) or not _finite(fb.get("value")):
+            raise MnSError(400, "sluice-feedback is {metric: name, value: number}",
+                           bad_attributes=["VsDataContainer/sluice-feedback"])
+        try:
+            name = resolve_metric(fb["metric"])
+            higher = spec_of(name).higher_is_better
+        except (ValueError, ConfigError) as exc:
+            raise MnSError(400, str(exc), bad_attributes=["VsDataContainer/sluice-feedback"]) from exc
+        thr = self.cfg.policy.retrain_below.get(name)
+        value = float(fb["value"])
+        req = self.get(req_ldn)
+        proc = self.get(req.internal["current"])
+        if thr is None:
+            answer = {"accepted": False, "reason": f"no retraining threshold for {name}; the policy has "
+                      f"{sorted(self.cfg.policy.retrain_below)}"}
+        elif (value >= thr) if higher else (value <= thr):
+            answer = {"accepted": False, "reason": f"{name} in use {value:g} meets threshold {thr:g}; no retraining"}
+        elif proc.internal.get("phase") != "ended":
+            answer = {"accepted": False, "reason": "the model is still in training"}
+        else:
+            self._retrain(req_ldn, "CONSUMER_FEEDBACK", f"{name} in use {value:g} is worse than {thr:g}: retraining")
+            return
+        with self.store.write() as tx:
+            r = tx.get(req_ldn)
+            assert r is not None
+            tx.update(r, vs_data={**r.vs_data, "sluice-trigger": {"trigger": "CONSUMER_FEEDBACK", **answer,
+                                                                  "at": now_iso()}})
+
+    def _retrain(self, req_ldn: str, trigger: str, why: str) -> None:
+        from sluice.control.params import parse_model
+
+        with self.store.write() as tx:
+            req = tx.get(req_ldn)
+            assert req is not None
+            last = tx.get(req.internal["current"])
+            assert last is not None
+            if last.internal.get("phase") != "ended":
+                raise MnSError(409, "the request is still training; retraining starts once it ends")
+            model = parse_model(last.internal["model"]).next_version().model_dump(mode="json")
+            job = dict(req.internal["job"])
+            job["termination"] = last.internal.get("termination")
+            job["requirements"] = last.internal.get("requirements")
+            job["decided_by"] = "consumer" if job["termination"] is not None else "producer"
+            proc = self._new_process(tx, req, job, trigger=trigger, model=model,
+                                     last_report=last.attributes.get("trainingReportRef"))
+            tx.update(req, vs_data={**req.vs_data, "sluice-trigger": {
+                "trigger": trigger, "accepted": True, "reason": why, "process": ldn_to_dn(proc.dn),
+                "model": model, "at": now_iso()}})
+            self._sync_request(tx, proc)
+        self.supervisor.wake()
+
+    # ------------------------------------------------------------------ delete
+    def delete_request(self, ldn: str) -> None:
+        req = self.get(ldn)
+        proc = self.store.get(req.internal.get("current", ""))
+        if proc is not None and proc.internal.get("phase") not in ("ended", "proposed", "queued"):
+            raise MnSError(409, f"the request is {req.attributes.get('requestStatus')}: cancel it "
+                           "(cancelRequest: true) and delete it once it has ended")
+        if proc is not None and proc.internal.get("phase") in ("proposed", "queued"):
+            self._cancel(proc.dn)
+        with self.store.write() as tx:
+            cur = tx.get(ldn)
+            if cur is not None:
+                tx.delete(cur)
+
+    # ------------------------------------------------------------------ subscriptions
+    def put_subscription(self, ldn: str, body: dict[str, Any]) -> tuple[MOI, bool]:
+        check_id(id_of(ldn))
+        attrs = self._check_attrs("NtfSubscriptionControl", body.get("attributes") or {})
+        read_vs(body, "NtfSubscriptionControl")
+        addr = attrs.get("notificationRecipientAddress")
+        if not isinstance(addr, str) or not addr.startswith(("http://", "https://")):
+            raise MnSError(400, "notificationRecipientAddress must be an http(s) URI",
+                           bad_attributes=["notificationRecipientAddress"])
+        types = attrs.get("notificationTypes")
+        if types is not None:
+            bad = [t for t in types if t not in CM_NOTIFICATION_TYPES] if isinstance(types, list) else [types]
+            if bad:
+                raise MnSError(400, f"notificationTypes: this producer sends {', '.join(CM_NOTIFICATION_TYPES)}; "
+                               f"got {bad}", bad_attributes=["notificationTypes"])
+        scope = attrs.get("scope")
+        if scope is not None:
+            st = scope.get("scopeType", "BASE_ALL") if isinstance(scope, dict) else None
+            if st not in ("BASE_ONLY", "BASE_NTH_LEVEL", "BASE_SUBTREE", "BASE_ALL"):
+                raise MnSError(400, "scope.scopeType must be BASE_ONLY, BASE_NTH_LEVEL, BASE_SUBTREE or BASE_ALL",
+                               bad_attributes=["scope"])
+        with self.outbox.send_lock, self.store.write() as tx:
+            cur = tx.get(ldn)
+            if cur is None:
+                return tx.create(ldn, "NtfSubscriptionControl", attrs), True
+            tx.update(cur, attributes=attrs)
+            return cur, False
+
+    def delete_subscription(self, ldn: str) -> None:
+        self.get(ldn)
+        with self.outbox.send_lock, self.store.write() as tx:
+            cur = tx.get(ldn)
+            if cur is not None:
+                tx.delete(cur)
+
+    # ------------------------------------------------------------------ the queue
+    def _pick_next(self) -> dict[str, Any] | None:
+        with self.store.write() as tx:
+            queued = [p for p in tx.of_class("MLTrainingProcess")
+                      if p.internal.get("phase") == "queued" and not p.internal.get("suspended")]
+            if not queued:
+                return None
+            queued.sort(key=lambda p: (-int(p.attributes.get("priority") or 0), p.internal.get("queued_at", 0),
+                                       p.seq))
+            proc = queued[0]
+            import sqlalchemy as sa
+
+            uploads = [u.payload for u in tx.s.scalars(
+                sa.select(Upload).where(Upload.request_dn == proc.internal["request"]).order_by(Upload.id))]
+            status = dict(proc.attributes["progressStatus"])
+            status.update(progressStateInfo="STARTING")
+            self._set_process(tx, proc, attrs={"progressStatus": status}, internal={"phase": "starting",
+                                                                                     "started_at": time.time()})
+            i = proc.internal
+            return {"process": proc.dn, "kind": i["kind"], "raw": {**i["raw"], "model": {
+                        **(i["raw"].get("model") or {}), **{k: v for k, v in i["model"].items() if v is not None}}},
+                    "termination": i.get("termination"), "requirements": i.get("requirements"),
+                    "uploads": uploads, "progress_interval_s": self.cfg.progress_interval_s,
+                    "work_dir": None if self.cfg.work_dir is None else f"{self.cfg.work_dir}/{id_of(proc.dn)}"}
+
+    # ------------------------------------------------------------------ worker messages
+    def _on_message(self, ldn: str, msg: dict[str, Any]) -> None:
+        kind = msg.get("kind")
+        if kind == "progress":
+            now = time.monotonic()
+            status = msg["status"]
+            pct = status.get("progressPercentage")
+            with self.store.write() as tx:
+                proc = tx.get(ldn)
+                if proc is None or proc.internal.get("phase") == "ended":
+                    return
+                old_pct = proc.attributes["progressStatus"].get("progressPercentage")
+                if pct == old_pct and now - self._last_progress.get(ldn, 0.0) < self.cfg.progress_interval_s:
+                    return
+                self._last_progress[ldn] = now
+                self._apply_status(tx, proc, status)
+            return
+        if kind == "state":
+            with self.store.write() as tx:
+                proc = tx.get(ldn)
+                if proc is None or proc.internal.get("phase") == "ended":
+                    return
+                if msg["state"] in ENDED:
+                    return  # the done message carries the report and the model
+                self._apply_status(tx, proc, msg["status"], interim=msg.get("report"))
+            return
+        if kind in ("failed", "died"):
+            with self.store.write() as tx:
+                proc = tx.get(ldn)
+                if proc is None or proc.internal.get("phase") == "ended":
+                    return
+                st = proc.vs_data.get("sluice-status") or {}
+                detail = msg.get("error") or f"the worker exited with code {msg.get('exitcode')} before reporting"
+                report = {"cause": Cause.ENGINE_FAILURE.value, "status": "FAILED", "detail": detail,
+                          "iterations": st.get("iterations", 0), "performance": st.get("metrics", {}),
+                          "duration_s": st.get("elapsed_s", 0.0), "model": proc.internal.get("model")}
+                self._end_process(tx, proc, report, None, None, refused=bool(msg.get("before_training")))
+            return
+        if kind == "done":
+            with self.store.write() as tx:
+                proc = tx.get(ldn)
+                if proc is None or proc.internal.get("phase") == "ended":
+                    return
+                report = msg["report"]
+                refused = report.get("iterations", 0) == 0 and report.get("cause") in (
+                    Cause.INSUFFICIENT_TRAINING_SAMPLES.value, Cause.INSUFFICIENT_COMPUTE.value)
+                self._end_process(tx, proc, report, msg.get("model"), msg.get("model_name"), refused=refused)
+            self._last_progress.pop(ldn, None)
+
+    def _apply_status(self, tx: Tx, proc: MOI, st: dict[str, Any], interim: dict[str, Any] | None = None) -> None:
+        state = st.get("status", "RUNNING")
+        i: dict[str, Any] = {}
+        if proc.internal.get("phase") == "starting" and state not in ("NOT_STARTED",):
+            i["phase"] = "running"
+        info = st.get("progressStateInfo") or state
+        if proc.internal.get("cancelling"):
+            info = "CANCELLING"
+        result = st.get("resultStateInfo") or ""
+        ps: dict[str, Any] = {"status": state, "progressStateInfo": info, "resultStateInfo": result}
+        if st.get("progressPercentage") is not None:
+            ps["progressPercentage"] = max(0, min(100, int(st["progressPercentage"])))
+        vs_status = {k: v for k, v in st.items() if k not in ("progressStateInfo", "resultStateInfo", "status",
+                                                               "progressPercentage")}
+        vs_status["state"] = state
+        if interim is not None:
+            vs_status["detail"] = interim.get("detail", "")
+        self._set_process(tx, proc, attrs={"progressStatus": ps}, vs={"sluice-status": vs_status}, internal=i)
+
+    def _end_process(self, tx: Tx, proc: MOI, report: dict[str, Any], model_bytes: bytes | None,
+                     model_name: str | None, *, refused: bool = False) -> None:
+        """One transaction: the report (and the model with its file) are created, the process ends, the
+        request follows; the notifications of all of it are queued together."""
+        pid = id_of(proc.dn)
+        rep_ldn = f"{self.tf}/MLTrainingReport={pid}"
+        model_ldn = None
+        ident = report.get("model") or proc.internal.get("model") or {}
+        if model_bytes:
+            base = safe_id(f"{ident.get('id', 'model')}-v{ident.get('version', '1')}")
+            model_ldn = f"{self.repo}/MLModel={base}"
+            if tx.get(model_ldn) is not None:
+                model_ldn = f"{self.repo}/MLModel={base}-{pid}"
+            req = tx.get(proc.internal["request"])
+            mattrs: dict[str, Any] = {"mLModelId": str(ident.get("id", "model")),
+                                      "mLModelVersion": str(ident.get("version", "1")),
+                                      "mLTrainingType": "INITIAL_TRAINING" if proc.internal.get(
+                                          "trigger") == "CONSUMER_REQUEST" else "RE_TRAINING"}
+            if req is not None and req.attributes.get("aIMLInferenceName"):
+                mattrs["aIMLInferenceName"] = req.attributes["aIMLInferenceName"]
+            elif ident.get("type"):
+                mattrs["aIMLInferenceName"] = ident["type"]
+            digest = hashlib.sha256(model_bytes).hexdigest()
+            tx.create(model_ldn, "MLModel", mattrs, {"sluice-model": {
+                "engine": proc.internal.get("kind"), "file": model_name or "model.pt", "bytes": len(model_bytes),
+                "sha256": digest, "mediaType": "application/octet-stream",
+                "download": "GET this resource with Accept: application/octet-stream",
+                "trainingReportRef": ldn_to_dn(rep_ldn), "type": ident.get("type")}})
+            tx.s.add(Artifact(dn=model_ldn, content=model_bytes, sha256=digest, size=len(model_bytes)))
+        perf = {k: v for k, v in (report.get("performance") or {}).items() if _finite(v)}
+        rattrs: dict[str, Any] = {
+            "modelPerformanceTraining": [{"performanceMetric": k, "performanceScore": v}
+                                         for k, v in perf.items() if k.startswith("train")],
+            "modelPerformanceValidation": [{"performanceMetric": k, "performanceScore": v}
+                                           for k, v in perf.items() if not k.startswith("train")],
+            "areNewTrainingDataUsed": bool(proc.vs_data.get("sluice-data")) or proc.internal.get(
+                "trigger") == "DATA_UPDATED",
+            "trainingProcessRef": ldn_to_dn(proc.dn),
+        }
+        ratio = self._train_ratio(proc)
+        if ratio is not None:
+            rattrs["dataRatioTrainingAndValidation"] = ratio
+        if proc.internal.get("last_report"):
+            rattrs["lastTrainingRef"] = proc.internal["last_report"]
+        if model_ldn is not None:
+            rattrs["mLModelGeneratedRef"] = ldn_to_dn(model_ldn)
+        vs_report = {k: v for k, v in report.items() if k != "model_path"}
+        vs_report["refused"] = refused
+        if tx.get(rep_ldn) is None:
+            tx.create(rep_ldn, "MLTrainingReport", rattrs, {"sluice-report": vs_report})
+        status = report.get("status", "FAILED")
+        if status not in ENDED:
+            status = "FAILED"
+        ps: dict[str, Any] = {"status": status, "progressStateInfo": status, "resultStateInfo": report.get("cause", "")}
+        pct = report.get("progress_percent")
+        if pct is not None:
+            ps["progressPercentage"] = max(0, min(100, int(pct)))
+        elif "progressPercentage" in proc.attributes.get("progressStatus", {}):
+            ps["progressPercentage"] = proc.attributes["progressStatus"]["progressPercentage"]
+        attrs = {"progressStatus": ps, "trainingReportRef": ldn_to_dn(rep_ldn)}
+        if model_ldn is not None:
+            attrs["mLModelRef"] = ldn_to_dn(model_ldn)
+        st = dict(proc.vs_data.get("sluice-status") or {})
+        st.update(state=status, iterations=report.get("iterations", st.get("iterations", 0)),
+                  cause=report.get("cause"), detail=report.get("detail", ""),
+                  estimated_remaining_iterations=report.get("estimated_remaining_iterations"),
+                  estimated_remaining_s=report.get("estimated_remaining_s"),
+                  bytes_up=report.get("bytes_up", st.get("bytes_up", 0)),
+                  bytes_down=report.get("bytes_down", st.get("bytes_down", 0)))
+        self._set_process(tx, proc, attrs=attrs, vs={"sluice-status": st},
+                          internal={"phase": "ended", "refused": refused, "ended_at": time.time()})
+
+    @staticmethod
+    def _train_ratio(proc: MOI) -> int | None:
+        """Percent of the held data that trains (the rest validates), where the job's configuration says."""
+        data = (proc.internal.get("raw") or {}).get("data") or {}
+        for key in ("test_fraction", "test_size"):
+            v = data.get(key)
+            if _finite(v) and 0 < v < 1:
+                return int(round((1 - v) * 100))
+        if proc.internal.get("kind") == "local":
+            return 80
+        return None

@@ -1,0 +1,112 @@
+"""``sluice consumer`` and :class:`sluice.service.client.ProvMnSClient` against real services on loopback
+ports: create from a TOML file, watch, show, list, cancel, report, model download, and one request sent to
+two producers with their reports gathered into one table (R4)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_service_support import running_server
+
+JOB = """\
+engine = "local"
+seed = 0
+[train]
+iterations = 3
+batch_size = 64
+[model]
+hidden = [16]
+id = "digits-mlp"
+[termination]
+iterations = 3
+[request]
+aIMLInferenceName = "COVERAGE_ANALYTICS_COVERAGE_PROBLEM_ANALYSIS"
+"""
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory, service):
+    tmp = Path(tmp_path_factory.mktemp("consumer"))
+    with running_server(tmp, name="b") as b:
+        yield tmp, service, b
+
+
+def consumer(url: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "sluice", "consumer", "--producer", url, *args],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_create_watch_show_report_and_model(two):
+    tmp, a, _ = two
+    job = tmp / "job.toml"
+    job.write_text(JOB, encoding="utf-8")
+    done = consumer(a.function, "create", str(job), "--id", "CLI1", "--watch")
+    assert done.returncode == 0, done.stderr
+    assert "created request CLI1" in done.stdout and "FINISHED" in done.stdout and "CRITERION_MET" in done.stdout
+    shown = consumer(a.function, "show", "CLI1", "--json")
+    doc = json.loads(shown.stdout)
+    assert doc["request"]["attributes"]["requestStatus"] == "FINISHED"
+    assert doc["process"]["attributes"]["progressStatus"]["resultStateInfo"] == "CRITERION_MET"
+    listed = consumer(a.function, "list")
+    assert "CLI1" in listed.stdout and "FINISHED" in listed.stdout
+    rep = json.loads(consumer(a.function, "report", "CLI1", "--json").stdout)
+    assert rep["objectClass"] == "MLTrainingReport"
+    out = tmp / "m.pt"
+    got = consumer(a.function, "model", "CLI1", "-o", str(out))
+    assert got.returncode == 0 and out.stat().st_size > 1000
+    import torch
+
+    assert "state_dict" in torch.load(out, weights_only=False)
+    # an error of the producer is shown with its reason, exit status 2
+    bad = consumer(a.function, "cancel", "CLI1")
+    assert bad.returncode == 2 and "409" in bad.stderr
+
+
+def test_client_class_verbs(two):
+    from sluice.service.client import ProvMnSClient, vs_of
+
+    _, a, _ = two
+    with ProvMnSClient(a.function) as c:
+        doc = {"engine": "local", "train": {"batch_size": 64}, "model": {"hidden": [16]},
+               "termination": {"iterations": 400}}
+        rid = c.create(doc)["id"]
+        snaps = []
+        for proc in c.watch(rid, interval=0.2, timeout=120):
+            snaps.append(proc)
+            st = vs_of(proc, "sluice-status") or {}
+            if st.get("iterations", 0) >= 2:
+                c.suspend(rid)
+                break
+        c.wait  # noqa: B018 - the verb exists
+        proc = c.process(rid)
+        c.resume(rid)
+        c.set_priority(rid, 3)
+        c.modify(rid, termination={"iterations": 3})
+        final = c.wait(rid, timeout=120)
+        assert final["attributes"]["priority"] == 3
+        assert (vs_of(c.report(rid), "sluice-report") or {})["criterion"]["rule"] == "iterations"
+        assert proc["id"] == final["id"]
+
+
+def test_fanout_gathers_reports_from_several_producers(two):
+    tmp, a, b = two
+    job = tmp / "fan.toml"
+    job.write_text(JOB.replace('id = "digits-mlp"', 'id = "fan"'), encoding="utf-8")
+    out = tmp / "fan.json"
+    done = consumer(a.function, "fanout", str(job), "--to", a.function, "--to", b.function, "--id", "FAN",
+                    "--json", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    got = json.loads(out.read_text(encoding="utf-8"))
+    assert [g["producer"] for g in got] == [a.function, b.function]
+    assert all(g["report"]["objectClass"] == "MLTrainingReport" for g in got)
+    causes = [next(c for c in g["report"]["VsDataContainer"] if c["id"] == "sluice-report")["attributes"]["vsData"]
+              ["cause"] for g in got]
+    assert causes == ["CRITERION_MET", "CRITERION_MET"]
+    assert "Reports from every producer" in done.stdout and done.stdout.count("CRITERION_MET") == 2

@@ -1,0 +1,158 @@
+"""Sluice on Flower's deployment engine: real SuperLink and SuperNode processes on 127.0.0.1 with TLS.
+
+One 3-node deployment serves the run compared with the simulator (same numbers, round by round) and the
+fault run (a node killed mid-run is dropped, its restarted node is resynchronised with a dense message);
+``sluice run --runtime flower`` itself runs a job whose termination criterion fires at the first round and
+must leave no Flower process behind. Every process started here is stopped in a finalizer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from sluice.flower.deploy import LocalDeployment, submit
+from sluice.jobs import load_job
+
+pytestmark = [pytest.mark.flower, pytest.mark.slow, pytest.mark.timeout(240)]
+
+TINY = ["data.num_clients=3", "train.participation=1.0", "model.hidden=[32]", "train.local_epochs=1"]
+
+
+def _wait_rows(out: Path, n: int, timeout_s: float) -> list[dict]:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        rows = []
+        if (out / "metrics.jsonl").exists():
+            rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        if len(rows) >= n or (out / "report.json").exists():
+            return rows
+        err = out / "flower" / "server-error.txt"
+        assert not err.exists(), err.read_text()
+        time.sleep(0.25)
+    raise AssertionError(f"{out}: fewer than {n} rounds after {timeout_s} s")
+
+
+def _wait_report(out: Path, timeout_s: float) -> dict:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if (out / "report.json").exists():
+            time.sleep(0.2)
+            return json.loads((out / "report.json").read_text())
+        err = out / "flower" / "server-error.txt"
+        assert not err.exists(), err.read_text()
+        time.sleep(0.25)
+    raise AssertionError(f"{out}: no report after {timeout_s} s")
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory):
+    dep = LocalDeployment(tmp_path_factory.mktemp("flower") / "dep", nodes=3, tls=True)
+    try:
+        dep.start()
+        yield dep
+    finally:
+        dep.stop()
+    assert all(p.poll() is not None for p in dep.procs.values())
+
+
+def _submit(dep: LocalDeployment, job, out: Path, **run_config) -> None:
+    work = out.parent / (out.name + "-work")
+    work.mkdir(parents=True)
+    submit(job.dump(), out, work, dep.home, run_config={"min-nodes": 3, **run_config})
+
+
+def test_three_tls_nodes_give_the_simulators_numbers(deployment: LocalDeployment, tmp_path: Path) -> None:
+    from sluice.hfl import HFLEngine
+
+    assert deployment.certs is not None and deployment.certs.ca.exists()  # TLS: the nodes verify the link
+    job = load_job("hfl", None, [*TINY, "train.rounds=3"])
+    out = tmp_path / "run"
+    _submit(deployment, job, out, **{"round-timeout": 120.0})
+    report = _wait_report(out, 200)
+    rows = _wait_rows(out, 3, 5)
+    assert report["cause"] == "CRITERION_MET" and report["iterations"] == 3, report
+    assert [r["round"] for r in rows] == [1, 2, 3]
+
+    sim = HFLEngine(job.config)
+    for row in rows:
+        ev = sim.iterate()
+        assert row["dropped"] == 0 and row["participants"] == 3
+        assert row["bytes_up"] == ev.bytes_up and row["bytes_down"] == ev.bytes_down, row["round"]
+        for key in ("test_accuracy", "test_loss", "train_loss", "test_f1"):
+            assert row[key] == ev.metrics[key], (row["round"], key)
+        # Flower's own serialisation of the same messages is counted beside Sluice's bytes, and is larger
+        assert row["flower_bytes_up"] > row["bytes_up"] and row["flower_bytes_down"] > row["bytes_down"]
+    assert (out / "status.json").exists() and (out / "accuracy_vs_round.png").exists()
+    assert report["bytes_up"] == sum(r["bytes_up"] for r in rows)
+    # the same model as the simulator's, bit for bit
+    import torch
+
+    saved = torch.load(out / "model.pt")["params"].numpy()
+    assert np.array_equal(saved, sim.params)
+
+
+def test_killed_node_is_dropped_and_its_restarted_node_resynchronised(deployment: LocalDeployment,
+                                                                      tmp_path: Path) -> None:
+    job = load_job("hfl", None, [*TINY, "train.rounds=3"])
+    out = tmp_path / "faults"
+    _submit(deployment, job, out, **{"round-timeout": 25.0})
+    _wait_rows(out, 1, 150)
+    deployment.kill_node(2)  # round 2 has begun: its message to terminal 2 gets no answer
+    time.sleep(3.0)
+    deployment.start_node(2)  # a new node, empty state, for terminal 2: found before round 3
+    report = _wait_report(out, 150)
+    rows = _wait_rows(out, 3, 5)
+    assert report["cause"] == "CRITERION_MET" and report["iterations"] == 3, report
+    r1, r2, r3 = rows
+    assert r1["dropped"] == 0 and r1["participants"] == 3
+    assert r2["dropped"] == 1 and r2["participants"] == 2  # the killed node's terminal, and the run went on
+    assert r3["resynced"] == 1 and r3["participants"] == 3 and r3["dropped"] == 0
+    d = job.config.model.hidden[0] * 65 + 10 * 33  # 64 features → 32 → 10 classes
+    assert r3["bytes_down"] >= 4 * d > r1["bytes_down"]  # the dense resync message is counted
+
+
+def _flower_processes_of(home: Path) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.environ().get("FLWR_HOME") == str(home):
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_sluice_run_on_flower_stops_when_a_criterion_fires(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "sluice", "run", "--runtime", "flower", "--out", str(out),
+            *[x for kv in [*TINY, "data.num_clients=2", "train.rounds=6", "termination.performance.accuracy=0.01"]
+              for x in ("--set", kv)]]
+    env = {**os.environ, "COLUMNS": "160"}
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+    try:
+        text, _ = proc.communicate(timeout=200)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+        for p in _flower_processes_of(out / "flower" / "flwr-home"):
+            p.kill()
+    assert proc.returncode == 0, text[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["cause"] == "CRITERION_MET" and report["iterations"] == 1
+    assert report["criterion"]["rule"].startswith("performance"), report["criterion"]
+    assert (out / "flower" / "certs" / "ca.pem").exists()
+    counts = json.loads((out / "flower.json").read_text())
+    assert counts["rounds"] == 1 and counts["superlink_outbound_bytes"] > counts["sluice_bytes_down"] > 0
+    assert counts["flower_status"].startswith("finished")
+    assert _flower_processes_of(out / "flower" / "flwr-home") == []  # every process it started is gone
