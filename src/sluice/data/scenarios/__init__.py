@@ -1,6 +1,6 @@
 """Network-analytics scenarios generated from standard radio and energy models (see each module).
 
-``load_scenario("coverage", {"sites": 7}, seed=0)`` validates the parameters against the scenario's own
+``load_scenario("coverage", {"rings": 2}, seed=0)`` validates the parameters against the scenario's own
 section, generates (or reads from the cache) and returns a :class:`ScenarioData`.
 """
 
