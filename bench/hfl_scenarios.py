@@ -101,7 +101,8 @@ def summarise(runs: list[dict]) -> dict:
             "num_params": runs[0]["num_params"]}
 
 
-def plot(results: dict, path: Path) -> None:
+def plot(results: dict, path: Path) -> bool:
+    """Accuracy against cumulative MB for the scenarios run with peers; False when there is none."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -110,7 +111,7 @@ def plot(results: dict, path: Path) -> None:
 
     peers_scen = [s for s, r in results["scenarios"].items() if r["peers"]]
     if not peers_scen:
-        return
+        return False
     fig, axes = plt.subplots(1, len(peers_scen), figsize=(7 * len(peers_scen), 5), squeeze=False)
     for ax, scen in zip(axes[0], peers_scen, strict=True):
         for name, m in results["scenarios"][scen]["methods"].items():
@@ -125,6 +126,7 @@ def plot(results: dict, path: Path) -> None:
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    return True
 
 
 def main() -> None:
@@ -179,7 +181,7 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(results, indent=1))
-    plot(results, out.with_suffix(".png"))
+    plotted = plot(results, out.with_suffix(".png"))
     lines = [f"# HFL scenario suite ({args.rounds} rounds, {args.seeds} seeds)", "",
              f"Machine: {results['machine']}, Python {results['python']}. Bytes: `len()` of every encoded "
              "message, up + down. Gap: mean final accuracy minus dense FedAvg's, in points. Reduction: dense "
@@ -204,7 +206,9 @@ def main() -> None:
         for name, m in sorted(res["methods"].items(), key=lambda kv: -kv[1]["accuracy_per_mb"]):
             lines.append(f"| {name} | {m['accuracy_mean']:.4f} ± {m['accuracy_sd']:.4f} | {m['gap_points']:+.2f} | "
                          f"{m['mb_total']:.3f} | {m['reduction_x']:.1f} | {m['accuracy_per_mb']:.3f} |")
-    lines += ["", f"Plot: `{out.with_suffix('.png').name}` (accuracy against cumulative MB, one curve per method)."]
+    if plotted:
+        lines += ["", f"Plot: `{out.with_suffix('.png').name}` (accuracy against cumulative MB, one curve per "
+                  "method)."]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

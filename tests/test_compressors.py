@@ -25,9 +25,9 @@ from sluice.compress import (
     value_type,
     zstd,
 )
+from sluice.compress.codecs import quantize_sign
 from sluice.errors import ConfigError, WireError
 from sluice.hfl.config import CompressionConfig
-from sluice.wire import dtypes
 from sluice.wire.vector import FLAG_ZSTD, DensePayload, SketchPayload, SparsePayload, decode, encode
 
 SETTINGS = settings(max_examples=80, deadline=None)
@@ -210,7 +210,7 @@ def test_randk_message_carries_no_indices() -> None:
 
 
 @pytest.mark.parametrize("up", ["dense", "randk", "topk", "sketch"])
-@pytest.mark.parametrize("values", ["auto", "fp32", "fp16", "int8"])
+@pytest.mark.parametrize("values", ["auto", "fp32", "fp16", "int8", "sign"])
 @pytest.mark.parametrize("lossless", ["none", "zstd"])
 def test_make_uplink_round_trips(up: str, values: str, lossless: str) -> None:
     rng = np.random.default_rng(5)
@@ -226,14 +226,18 @@ def test_make_uplink_round_trips(up: str, values: str, lossless: str) -> None:
     other, _ = comp.encode(x, comp.init(d), np.random.default_rng(7))
     assert (buf != other) == (up in ("randk", "sketch"))
     p = decode(buf)
-    wire = value_type(values, dense=up == "dense").numpy
+    vtype = value_type(values, dense=up == "dense")
+    wire = {"fp32": np.float32, "fp16": np.float16, "int8": np.int8, "sign": np.int8}[vtype]
     if up == "sketch" and wire == np.int8:
         wire = np.float16  # a sketch table is not quantised
     arr = p.table if isinstance(p, SketchPayload) else p.values
     assert arr.dtype == wire
     est = decode_to_dense(buf, d)
     assert est.shape == (d,) and est.dtype == np.float64
-    if wire == np.int8:  # x as it travels: int8 steps of the message's scale
+    if wire == np.int8 and vtype == "sign":  # x as it travels: its signs times the message's scale
+        xr = np.where(x < 0, -1.0, 1.0) * np.float64(np.float32(p.vscale))
+        assert buf[3] & 3 == 2  # one bit a value
+    elif wire == np.int8:  # x as it travels: int8 steps of the message's scale
         xr = np.rint(x / p.vscale) * np.float64(np.float32(p.vscale))
     else:
         xr = x.astype(wire).astype(np.float64)
@@ -306,19 +310,37 @@ def test_float64_inputs_travel_as_float32() -> None:
 
 @pytest.mark.parametrize(
     ("setting", "dense_", "expected"),
-    [("auto", True, dtypes.FP32), ("auto", False, dtypes.INT8), ("fp16", True, dtypes.FP16),
-     ("fp32", False, dtypes.FP32), ("int8", False, dtypes.INT8)],
+    [("auto", True, "fp32"), ("auto", False, "int8"), ("fp16", True, "fp16"), ("fp32", False, "fp32"),
+     ("int8", False, "int8"), ("sign", False, "sign"), ("sign", True, "sign")],
 )
-def test_value_type_auto_is_fp32_dense_and_int8_compressed(
-    setting: str, dense_: bool, expected: dtypes.WireDtype
-) -> None:
-    assert value_type(setting, dense=dense_) is expected
+def test_value_type_auto_is_fp32_dense_and_int8_compressed(setting: str, dense_: bool, expected: str) -> None:
+    assert value_type(setting, dense=dense_) == expected
 
 
 def test_value_type_refuses_other_names() -> None:
     for bad in ("bf16", "float16", "fp64", ""):
-        with pytest.raises(ConfigError, match="auto, fp32, fp16"):
+        with pytest.raises(ConfigError, match="auto, fp32, fp16, int8, sign"):
             value_type(bad, dense=True)
+
+
+def test_quantize_sign_is_the_mean_magnitude_times_the_signs() -> None:
+    """STC's μ: s = mean |v| (float32), q = sign(v) with 0 and NaN as +1; s·q is the best fit of v by
+    these signs (a larger or smaller scale fits worse)."""
+    v = np.array([0.5, -2.0, 0.0, 1.5, -0.25])
+    q, s = quantize_sign(v)
+    assert q.dtype == np.int8 and q.tolist() == [1, -1, 1, 1, -1]
+    assert s == float(np.float32(0.85))
+    err = [np.linalg.norm(v - c * q) for c in (0.8 * s, s, 1.2 * s)]
+    assert err[1] < err[0] and err[1] < err[2]
+    q, s = quantize_sign(np.array([np.nan, -np.inf, 3.0]))
+    assert q.tolist() == [1, -1, 1] and s == 3.0  # non-finite values do not enter the scale
+    q, s = quantize_sign(np.zeros(4))
+    assert s == 0.0 and set(q.tolist()) == {1}
+    assert quantize_sign(np.array([1e300]))[1] == float(np.finfo(np.float32).max)  # saturates, stays finite
+    out, _ = cast("sign").update(DensePayload(np.array([1.0, -3.0], np.float32)), None, None)
+    assert isinstance(out, DensePayload) and out.vscale == 2.0 and out.values.tolist() == [1, -1]
+    table, _ = cast("sign").update(SketchPayload(d=4, seed=1, table=np.ones((1, 2), np.float32)), None, None)
+    assert table.table.dtype == np.float16  # a sketch table is not quantised
 
 
 def test_errors_are_clear() -> None:

@@ -6,11 +6,15 @@ import numpy as np
 import pytest
 
 from sluice.config import load_config
+from sluice.errors import ConfigError
 from sluice.hfl import HFLEngine
 from sluice.hfl.config import HFLConfig
 from sluice.hfl.downlink import Downlink, apply_message
 from sluice.hfl.server import Server, aggregate, init_server, server_step
 from sluice.wire.vector import DensePayload, decode, encode, float_values, payload_kind
+
+_NUMPY = {"fp32": np.float32, "fp16": np.float16, "int8": np.int8, "sign": np.int8}
+"""The numpy type of each value type's payload values (signs are int8 +-1)."""
 
 
 def _small(**over: object):
@@ -21,8 +25,8 @@ def _small(**over: object):
 
 
 @pytest.mark.parametrize("rho", [0.0, 0.9])
-@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int8])
-def test_error_feedback_invariant(rho: float, dtype: type) -> None:
+@pytest.mark.parametrize("values", ["fp32", "fp16", "int8", "sign"])
+def test_error_feedback_invariant(rho: float, values: str) -> None:
     """Σ applied + residual = Σ aggregated (with momentum: Σ momentum increments), coordinate-wise."""
     rng = np.random.default_rng(0)
     d = 500
@@ -31,8 +35,8 @@ def test_error_feedback_invariant(rho: float, dtype: type) -> None:
     for _ in range(40):
         g = rng.normal(size=d)
         before = state.params.astype(np.float64).copy()
-        state, idx, step = server_step(state, g, ratio=0.02, rho=rho, lr=1.0, value_dtype=dtype)
-        assert step.values.dtype == dtype and (step.vscale is not None) == (dtype == np.int8)
+        state, idx, step = server_step(state, g, ratio=0.02, rho=rho, lr=1.0, values=values)
+        assert step.values.dtype == _NUMPY[values] and (step.vscale is not None) == (values in ("int8", "sign"))
         assert np.array_equal(step.indices, idx)
         applied = state.params.astype(np.float64) - before
         assert np.count_nonzero(applied) <= 10
@@ -53,7 +57,7 @@ def test_error_feedback_is_exact_per_step() -> None:
     d = 300
     state = init_server(np.zeros(d, dtype=np.float32))
     g = rng.normal(size=d)
-    new, idx, step = server_step(state, g, ratio=0.05, rho=0.0, value_dtype=np.float16)
+    new, idx, step = server_step(state, g, ratio=0.05, rho=0.0, values="fp16")
     applied = np.zeros(d)
     applied[idx] = new.params[idx].astype(np.float64)
     np.testing.assert_array_equal(applied[idx], step.values.astype(np.float64))
@@ -62,6 +66,28 @@ def test_error_feedback_is_exact_per_step() -> None:
     assert len(idx) == 15
     # the applied coordinates are the 15 largest |g|
     assert set(idx.tolist()) == set(np.argsort(-np.abs(g))[:15].tolist())
+    with pytest.raises(ConfigError, match="fp32, fp16, int8, sign"):
+        server_step(state, g, ratio=0.05, values="bf16")  # type: ignore[arg-type]
+
+
+
+def test_sign_steps_keep_their_rounding_in_the_server_residual() -> None:
+    """A sign step moves the model by s·sign(a) at the top-k of a (s = mean |a| there); the residual keeps
+    a − s·sign(a) there and a elsewhere, exactly."""
+    rng = np.random.default_rng(5)
+    d = 400
+    state = init_server(np.zeros(d, dtype=np.float32))
+    state.residual = rng.normal(size=d)
+    g = rng.normal(size=d)
+    acc = g + state.residual
+    new, idx, step = server_step(state, g, ratio=0.05, values="sign")
+    assert set(np.unique(step.values).tolist()) <= {-1, 1} and encode(step)[3] & 3 == 2
+    assert step.vscale == float(np.float32(np.abs(acc[idx]).mean()))
+    moved = np.float32(step.vscale) * np.sign(acc[idx]).astype(np.float32)
+    np.testing.assert_array_equal(new.params[idx], moved)
+    expected = acc.copy()
+    expected[idx] -= moved.astype(np.float64)
+    np.testing.assert_array_equal(new.residual, expected)
 
 
 def test_aggregate_weighted_average() -> None:
@@ -80,7 +106,7 @@ def test_dense_ratio_is_fedavg() -> None:
 @pytest.mark.parametrize(
     ("down", "down_values", "expected"),
     [("topk", "auto", np.int8), ("dense", "auto", np.float32), ("topk", "fp32", np.float32),
-     ("dense", "fp16", np.float16), ("topk", "fp16", np.float16)],
+     ("dense", "fp16", np.float16), ("topk", "fp16", np.float16), ("topk", "sign", np.int8)],
 )
 def test_server_steps_take_the_downlink_value_type(down: str, down_values: str, expected: type) -> None:
     """``down_values = "auto"`` is int8 (with a per-step scale) with a top-k downlink, fp32 with a dense one."""
@@ -98,8 +124,8 @@ def test_server_steps_take_the_downlink_value_type(down: str, down_values: str, 
 
 
 @pytest.mark.parametrize("mode", ["per-client", "anchor", "initial", "dense"])
-@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.int8])
-def test_stale_client_reconstructs_bit_exactly(mode: str, dtype: type) -> None:
+@pytest.mark.parametrize("values", ["fp16", "fp32", "int8", "sign"])
+def test_stale_client_reconstructs_bit_exactly(mode: str, values: str) -> None:
     """A client that skipped s rounds rebuilds the server model bit for bit from one message."""
     rng = np.random.default_rng(2)
     d = 2000
@@ -120,7 +146,7 @@ def test_stale_client_reconstructs_bit_exactly(mode: str, dtype: type) -> None:
             assert held[t].tobytes() == state.params.tobytes()
             sizes.append(len(msg))
             kinds.add(payload_kind(decode(msg)))
-        state, idx, step = server_step(state, rng.normal(size=d), ratio=0.01, value_dtype=dtype)
+        state, idx, step = server_step(state, rng.normal(size=d), ratio=0.01, values=values)
         down.record(step)
         broadcast = down.anchor_broadcast(state.params)
         assert (broadcast is not None) == (mode == "anchor" and rnd % 4 == 0)
@@ -131,7 +157,7 @@ def test_stale_client_reconstructs_bit_exactly(mode: str, dtype: type) -> None:
     dense_len = max(sizes)
     if mode != "dense":
         assert min(sizes) < dense_len / 5  # sparse patches are much smaller than the dense model
-    if mode in ("per-client", "anchor") and dtype != np.float32:
+    if mode in ("per-client", "anchor") and values != "fp32":
         assert "chain" in kinds  # compact steps make the patch chain the smallest message at least once
     if mode == "dense":
         assert kinds == {"dense"}
@@ -143,12 +169,12 @@ def test_downlink_log_is_pruned_once_every_client_synced() -> None:
     state = init_server(np.zeros(d, dtype=np.float32))
     down = Downlink(d, "per-client", num_clients=2)
     for _ in range(5):
-        state, idx, step = server_step(state, rng.normal(size=d), ratio=0.01, value_dtype=np.float16)
+        state, idx, step = server_step(state, rng.normal(size=d), ratio=0.01, values="fp16")
         down.record(step)
     assert len(down.log) == 5  # nobody synced yet: everything is needed
     down.message(0, state.params)
     down.message(1, state.params)
-    state, idx, step = server_step(state, rng.normal(size=d), ratio=0.01, value_dtype=np.float16)
+    state, idx, step = server_step(state, rng.normal(size=d), ratio=0.01, values="fp16")
     down.record(step)
     assert [r for r, _ in down.log] == [6]
 

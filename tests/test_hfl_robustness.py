@@ -76,6 +76,30 @@ def test_unbiased_error_feedback_keeps_only_the_rounding() -> None:
     np.testing.assert_allclose(to_dense(out) + residual, unrounded, rtol=1e-6)
 
 
+def test_sign_rounding_stays_in_the_client_residual() -> None:
+    """With sign values the new residual is the input less s·sign at the sent coordinates (s = the
+    message's mean magnitude) and the input elsewhere: nothing is lost over rounds."""
+    rng = np.random.default_rng(3)
+    d = 3000
+    stage = error_feedback(topk(0.01), cast("sign"), biased=True)
+    state = stage.init(d)
+    total_in, total_out = np.zeros(d), np.zeros(d)
+    for _ in range(20):
+        x = rng.normal(size=d)
+        acc = x + state[0]
+        out, state = stage.update(x, state, rng)
+        buf = encode(out)
+        assert buf[3] & 3 == 2 and out.k == 30  # one bit a value on the wire
+        sent = np.zeros(d)
+        sent[out.indices] = np.float32(out.vscale) * np.sign(acc[out.indices].astype(np.float32))
+        kept = acc[out.indices].astype(np.float32).astype(np.float64)  # top-k values travel as fp32
+        assert out.vscale == float(np.float32(np.abs(kept).mean()))
+        np.testing.assert_array_equal(state[0], acc - sent)
+        total_in += x
+        total_out += to_dense(decode(buf))
+    np.testing.assert_allclose(total_out + state[0], total_in, rtol=0, atol=1e-9)
+
+
 @pytest.mark.parametrize("sparse", [False, True])
 def test_int8_values_travel_exactly(sparse: bool) -> None:
     q = np.array([-127, -3, 0, 5, 127], dtype=np.int8)

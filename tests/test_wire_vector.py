@@ -360,9 +360,9 @@ def test_well_signed_but_inconsistent_messages_raise() -> None:
     buf[3] |= 0b111
     with pytest.raises(WireError, match="reserved flag bits"):
         decode(_resign(bytes(buf)))
-    # reserved value codings (2, 3) of a dense or sparse message, any coding of a sketch, int8 with fp16
-    for p, bits in ((DensePayload(np.zeros(2, np.float32)), (0b10, 0b11, 0b101)),
-                    (SparsePayload(d=5, values=np.zeros(2, np.float32), seed=1), (0b10, 0b11, 0b101)),
+    # reserved value coding 3 of a dense or sparse message, any coding of a sketch, int8 or signs with fp16
+    for p, bits in ((DensePayload(np.zeros(2, np.float32)), (0b11, 0b101, 0b110)),
+                    (SparsePayload(d=5, values=np.zeros(2, np.float32), seed=1), (0b11, 0b101, 0b110)),
                     (SketchPayload(d=5, seed=1, table=np.zeros((1, 2), np.float32)), (0b01, 0b10))):
         for bit in bits:
             buf = bytearray(encode(p))
@@ -441,3 +441,60 @@ def test_patch_chain_rejects_mixed_lengths_and_seeded_parts() -> None:
         PatchChain((a, b))
     with pytest.raises(WireError, match="explicit indices"):
         PatchChain((SparsePayload(d=10, values=np.ones(2, np.float16), seed=5),))
+
+
+# ------------------------------------------------------------------------------- sign values (coding 2)
+def _signs(rng: np.random.Generator, n: int) -> np.ndarray:
+    return np.where(rng.random(n) < 0.5, -1, 1).astype(np.int8)
+
+
+@pytest.mark.parametrize("lossless", [False, True])
+@pytest.mark.parametrize(("d", "k"), [(0, 0), (1, 1), (9, 8), (100, 9), (26_122, 522)])
+def test_sign_values_round_trip_at_one_bit_each(d: int, k: int, lossless: bool) -> None:
+    """±1 int8 values with a scale travel as ceil(k/8) bytes of sign bits and come back bit for bit."""
+    rng = np.random.default_rng(d + k)
+    idx = _indices(rng, d, k)
+    vscale = float(np.float32(0.0371))
+    p = SparsePayload(d=d, values=_signs(rng, k), indices=idx, vscale=vscale)
+    buf = _check_round_trip(p, lossless=lossless)
+    assert buf[3] & 3 == 2  # value coding 2
+    if not lossless:
+        sizes = index_block_sizes(idx, d)
+        block = min(sizes["raw"], sizes["bitmap"], sizes["rice"])
+        header = 4 + len(_varint(d)) + len(_varint(k)) + 4  # frame header and flags, varints, the scale
+        assert len(buf) == header + (k + 7) // 8 + block + 4
+        as_int8 = encode(SparsePayload(d=d, values=np.full(k, 2, np.int8), indices=idx, vscale=vscale))
+        assert len(as_int8) - len(buf) == k - (k + 7) // 8  # eight bits a value against one
+    dense = DensePayload(_signs(rng, 13), vscale=vscale)
+    dbuf = _check_round_trip(dense)
+    assert dbuf[3] & 3 == 2 and len(dbuf) == 4 + 1 + 4 + 2 + 4
+    seeded = SparsePayload(d=1000, values=_signs(rng, 20), seed=7, scale=50.0, vscale=vscale)
+    assert decode(_check_round_trip(seeded)).scale == 50.0
+
+
+def test_int8_values_other_than_signs_keep_coding_1() -> None:
+    p = SparsePayload(d=10, values=np.array([1, -1, 0], np.int8), indices=np.array([0, 3, 9]), vscale=1.0)
+    assert _check_round_trip(p)[3] & 3 == 1
+
+
+def test_corrupt_sign_values_raise() -> None:
+    rng = np.random.default_rng(3)
+    k = 13  # 2 sign bytes, 3 padding bits
+    p = SparsePayload(d=500, values=_signs(rng, k), indices=_indices(rng, 500, k), vscale=0.5)
+    buf = encode(p, index_coding="raw")
+    head = len(buf) - 4 - 2 - 4 * k  # where the sign bytes start
+    padded = bytearray(buf)
+    padded[head + 1] |= 0b001  # a padding bit of the last sign byte
+    with pytest.raises(WireError, match="padding"):
+        decode(_resign(bytes(padded)))
+    truncated = buf[: head + 1] + buf[head + 2 : -4]  # one sign byte short
+    with pytest.raises(WireError, match="truncated"):
+        decode(_resign(truncated))
+    on_sketch = bytearray(encode(SketchPayload(d=10, seed=1, table=np.ones((1, 2), np.float32))))
+    on_sketch[3] |= 2  # signs are not a sketch table's coding
+    with pytest.raises(WireError, match="reserved"):
+        decode(_resign(bytes(on_sketch)))
+    reserved = bytearray(buf)
+    reserved[3] |= 3  # value coding 3 is reserved
+    with pytest.raises(WireError, match="reserved"):
+        decode(_resign(bytes(reserved)))

@@ -286,26 +286,29 @@ def count_sketch(
     return Stage(init, update)
 
 
-VALUE_TYPES: tuple[dtypes.WireDtype, ...] = (*dtypes.VECTOR_DTYPES, dtypes.INT8)
-"""Value types a vector message may carry: fp32, fp16, and int8 with a per-message float32 scale."""
+ValueType = Literal["fp32", "fp16", "int8", "sign"]
+"""The value type of a vector message: float32, float16, int8 times a per-message float32 scale
+(:func:`quantize_int8`), or signs times a per-message float32 scale (:func:`quantize_sign`, one bit per
+value on the wire)."""
+VALUE_TYPES: tuple[ValueType, ...] = ("fp32", "fp16", "int8", "sign")
+"""Names of the value types, as in configuration (``up_values``, ``down_values``, :func:`cast`)."""
 
 
-def value_type(setting: str, dense: bool) -> dtypes.WireDtype:
-    """The value type of a vector message from its setting (``up_values``, ``down_values``): ``"fp32"``,
-    ``"fp16"``, ``"int8"``, or ``"auto"`` = fp32 when every coordinate is sent (``dense``) and int8 when the
+def value_type(setting: str, dense: bool) -> ValueType:
+    """The value type of a vector message from its setting (``up_values``, ``down_values``): one of
+    :data:`VALUE_TYPES`, or ``"auto"`` = fp32 when every coordinate is sent (``dense``) and int8 when the
     vector is compressed (sparse or sketched), where the saved bytes matter more than the rounding, which
     error feedback keeps (the residuals of the client's uploads and of the server's steps)."""
     if setting == "auto":
-        return dtypes.FP32 if dense else dtypes.INT8
-    return _vector_type(setting, "a vector value type", "auto, ")
+        return "fp32" if dense else "int8"
+    return _check_value_type(setting, "a vector value type", "auto, ")
 
 
-def _vector_type(name: str, what: str, also: str = "") -> dtypes.WireDtype:
-    """The vector value type called ``name`` (``"fp32"``, ``"fp16"``); ConfigError naming ``what`` if none."""
-    wire_type = next((t for t in VALUE_TYPES if t.name == name), None)
-    if wire_type is None:
-        raise ConfigError(f"{what} must be one of {also}{dtypes.names(VALUE_TYPES)}; got {name!r}")
-    return wire_type
+def _check_value_type(name: str, what: str, also: str = "") -> ValueType:
+    """``name`` if it is one of :data:`VALUE_TYPES`, else ConfigError naming ``what``."""
+    if name not in VALUE_TYPES:
+        raise ConfigError(f"{what} must be one of {also}{', '.join(VALUE_TYPES)}; got {name!r}")
+    return name  # type: ignore[return-value]
 
 
 def quantize_int8(v: np.ndarray) -> tuple[np.ndarray, float]:
@@ -322,6 +325,25 @@ def quantize_int8(v: np.ndarray) -> tuple[np.ndarray, float]:
     return q.astype(np.int8), float(s)
 
 
+def quantize_sign(v: np.ndarray) -> tuple[np.ndarray, float]:
+    """``(q, s)``: int8 signs ``q = sign(v)`` in {-1, +1} (0 and NaN count as +1) with the float32 scale
+    ``s = mean |v|`` over the finite values: sparse ternary compression's ``mu`` (Sattler, Wiedemann,
+    Müller, Samek, "Robust and Communication-Efficient Federated Learning from Non-IID Data", IEEE TNNLS
+    2019), which is also the ``s`` minimising ``||v - s q||_2`` for these signs. The error ``v - s q`` is
+    for error feedback to keep. ``q`` travels as one bit per value (:mod:`sluice.wire.vector`, value
+    coding 2); ``s`` saturates at the float32 range; no finite values give scale 0."""
+    v = np.asarray(v, dtype=np.float64)
+    finite = np.isfinite(v)
+    mean = float(np.abs(v[finite]).mean()) if finite.any() else 0.0
+    s = float(np.float32(min(mean, float(np.finfo(np.float32).max))))
+    return np.where(v < 0, -1, 1).astype(np.int8), s
+
+
+QUANTIZERS: dict[str, Callable[[np.ndarray], tuple[np.ndarray, float]]] = {
+    "int8": quantize_int8, "sign": quantize_sign}
+"""The value types that travel as int8 codes times a per-message scale, and their quantisers."""
+
+
 def _to_dtype(v: np.ndarray, dtype: np.dtype) -> np.ndarray:
     if dtype == dtypes.FP16.numpy and v.dtype != dtype:
         # saturate finite values at +-65504 instead of overflowing to inf
@@ -329,20 +351,20 @@ def _to_dtype(v: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return v.astype(dtype)
 
 
-def cast(dtype: Literal["fp16", "fp32", "int8"]) -> Stage:
-    """Round the values (or sketch table) to fp16, fp32 or int8 with a per-message scale
-    (:func:`quantize_int8`; a sketch table stays fp16); finite values saturate at the fp16 range."""
-    np_dtype = _vector_type(dtype, "cast dtype").numpy
+def cast(dtype: ValueType) -> Stage:
+    """Round the values (or sketch table) to fp16, fp32, int8 with a per-message scale
+    (:func:`quantize_int8`) or signs with a per-message scale (:func:`quantize_sign`); a sketch table is
+    not quantised and travels as fp16. Finite values saturate at the fp16 range."""
+    quantize = QUANTIZERS.get(_check_value_type(dtype, "cast dtype"))
+    np_dtype = {t.name: t.numpy for t in dtypes.VECTOR_DTYPES}["fp16" if quantize else dtype]
 
     def update(inp: Any, state: Any, rng: np.random.Generator) -> tuple[Payload, Any]:
-        if np_dtype == dtypes.INT8.numpy and isinstance(inp, SparsePayload | DensePayload):
-            q, vscale = quantize_int8(float_values(inp))
+        if quantize is not None and isinstance(inp, SparsePayload | DensePayload):
+            q, vscale = quantize(float_values(inp))
             if isinstance(inp, DensePayload):
                 return DensePayload(q, vscale=vscale), state
             return SparsePayload(d=inp.d, values=q, indices=inp.indices, seed=inp.seed, scale=inp.scale,
                                  vscale=vscale), state
-        if np_dtype == dtypes.INT8.numpy:
-            return cast("fp16").update(inp, state, rng)
         if isinstance(inp, SparsePayload):
             out: Payload = SparsePayload(
                 d=inp.d, values=_to_dtype(inp.values, np_dtype), indices=inp.indices, seed=inp.seed,
@@ -455,9 +477,9 @@ def make_uplink(cfg: Any) -> Compressor:
 
     ``up`` picks the main stage (dense, randk, topk with ``up_ratio``; sketch with ``sketch_rows`` and
     ``sketch_cols_ratio``), ``up_values`` the value precision (:func:`value_type`: "auto" is fp32 for dense
-    uploads, fp16 otherwise), ``lossless`` the zstd final stage.
+    uploads, int8 otherwise), ``lossless`` the zstd final stage.
     """
-    values = value_type(cfg.up_values, dense=cfg.up == "dense").name
+    values = value_type(cfg.up_values, dense=cfg.up == "dense")
     if cfg.up == "dense":
         main = dense()
     elif cfg.up == "randk":

@@ -39,9 +39,9 @@ class TrainConfig(Section):
 class CompressionConfig(Section):
     up: Literal["dense", "randk", "topk", "sketch"] = "topk"
     up_ratio: float = Field(0.02, gt=0, le=1, description="k/d for rand-k and top-k uploads")
-    up_values: Literal["auto", "fp32", "fp16", "int8"] = Field(
+    up_values: Literal["auto", "fp32", "fp16", "int8", "sign"] = Field(
         "auto", description="upload value type; auto = fp32 for dense uploads, int8 (with a per-message scale) "
-                            "for compressed ones"
+                            "for compressed ones; sign = one bit per value times the mean magnitude"
     )
     up_feedback: bool = Field(True, description="keep what an upload left out (top-k) or rounded (rand-k) "
                                                 "in the client's residual and send it with its next upload")
@@ -50,9 +50,9 @@ class CompressionConfig(Section):
     lossless: Literal["none", "zstd"] = "none"
     down: Literal["dense", "topk"] = "topk"
     down_ratio: float = Field(0.005, gt=0, le=1, description="k/d the server applies per round (top-k)")
-    down_values: Literal["auto", "fp32", "fp16", "int8"] = Field(
+    down_values: Literal["auto", "fp32", "fp16", "int8", "sign"] = Field(
         "auto", description="type of the server's applied steps; auto = int8 (with a per-step scale) with "
-                            "top-k, fp32 with dense"
+                            "top-k, fp32 with dense; sign = one bit per value times the mean magnitude"
     )
     momentum: float = Field(0.0, ge=0, lt=1, description="server momentum rho")
     downlink: Literal["dense", "initial", "per-client", "anchor"] = "per-client"

@@ -13,9 +13,9 @@ Notation per round t, over the d model coordinates:
 * accumulated: ``a_t = m_t + e_{t−1}``. The residual ``e`` is zero at the coordinates applied last round,
   so at those coordinates ``a_t`` is the aggregate alone (the seed's "first gradients") and elsewhere the
   aggregate merged with the residual carried from earlier rounds (its "second gradients").
-* applied: ``u_t = topk(a_t)``, rounded to the downlink value type (fp16 or fp32) after scaling by the
-  server learning rate η: the model moves ``θ_{t+1} = θ_t + s_t`` with ``s_t = round(η·u_t)``, a step that
-  travels to clients exactly.
+* applied: ``u_t = topk(a_t)``, rounded to the downlink value type (fp32, fp16, int8 or signs with a
+  per-step scale) after scaling by the server learning rate η: the model moves ``θ_{t+1} = θ_t + s_t``
+  with ``s_t = round(η·u_t)``, a step that travels to clients exactly.
 * error feedback: ``e_t = a_t − s_t/η`` (so Σ_t s_t/η + e_T = Σ_t m_t; the rounding error stays in e).
 * momentum factor masking: the momentum is zeroed at the applied coordinates, ``m_t[idx] = 0``, so a
   coordinate's velocity is not applied again on top of the residual that already carries it (as in Deep
@@ -30,11 +30,10 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
 from sluice.compress import decode_to_dense, topk_indices, value_type
-from sluice.compress.codecs import quantize_int8
-from sluice.errors import DataError, TrainingError, WireError
+from sluice.compress.codecs import QUANTIZERS, VALUE_TYPES, ValueType
+from sluice.errors import ConfigError, DataError, TrainingError, WireError
 from sluice.hfl.config import HFLConfig
 from sluice.hfl.downlink import Downlink
 from sluice.hfl.state import field, pack, unpack
@@ -74,12 +73,13 @@ def aggregate(estimates: list[np.ndarray], weights: list[float], d: int) -> np.n
 
 def server_step(
     state: ServerState, g: np.ndarray, *, ratio: float, rho: float = 0.0, lr: float = 1.0,
-    value_dtype: npt.DTypeLike = np.float32,
+    values: ValueType = "fp32",
 ) -> tuple[ServerState, np.ndarray, SparsePayload]:
     """Apply the top-k of (momentum + residual); return the new state, the applied indices and the step.
 
-    The step ``s = round(lr·acc[idx])`` is a sparse payload in ``value_dtype`` (fp16 values are clipped to
-    its range; int8 values carry a per-step scale, :func:`sluice.compress.codecs.quantize_int8`) and
+    The step ``s = round(lr·acc[idx])`` is a sparse payload of value type ``values`` (fp16 values are
+    clipped to its range; int8 values and signs carry a per-step scale,
+    :func:`sluice.compress.codecs.quantize_int8`, :func:`sluice.compress.codecs.quantize_sign`) and
     ``params[idx] += float_values(s)`` in float32: a client that adds the same steps in the same order
     holds the same model bit for bit. The rounding error stays in the residual:
     ``Σ s/lr + residual = Σ aggregated``.
@@ -92,13 +92,16 @@ def server_step(
     else:
         idx = topk_indices(acc, max(1, int(round(ratio * d))))
     scaled = lr * acc[idx]
-    if np.dtype(value_dtype) == dtypes.INT8.numpy:
-        q, vscale = quantize_int8(scaled)
+    if values in QUANTIZERS:
+        q, vscale = QUANTIZERS[values](scaled)
         step = SparsePayload(d=d, values=q, indices=idx, vscale=vscale)
+    elif values == "fp16":
+        scaled = np.clip(scaled, -dtypes.FP16_MAX, dtypes.FP16_MAX)
+        step = SparsePayload(d=d, values=scaled.astype(dtypes.FP16.numpy), indices=idx)
+    elif values == "fp32":
+        step = SparsePayload(d=d, values=scaled.astype(dtypes.FP32.numpy), indices=idx)
     else:
-        if np.dtype(value_dtype) == dtypes.FP16.numpy:
-            scaled = np.clip(scaled, -dtypes.FP16_MAX, dtypes.FP16_MAX)
-        step = SparsePayload(d=d, values=scaled.astype(value_dtype), indices=idx)
+        raise ConfigError(f"server step values must be one of {', '.join(VALUE_TYPES)}; got {values!r}")
     moved = float_values(step)
     residual = acc.copy()
     residual[idx] -= moved.astype(np.float64) / lr
@@ -180,7 +183,7 @@ class Server:
             dense_down = c.down == "dense"
             self.state, _, step = server_step(
                 self.state, g, ratio=1.0 if dense_down else c.down_ratio, rho=c.momentum,
-                lr=self.cfg.train.server_lr, value_dtype=value_type(c.down_values, dense=dense_down).numpy)
+                lr=self.cfg.train.server_lr, values=value_type(c.down_values, dense=dense_down))
         else:
             s = self.state
             self.state = ServerState(s.params, s.residual, s.momentum, s.round + 1)

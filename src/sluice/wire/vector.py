@@ -16,16 +16,18 @@ Message layout (all integers little-endian)::
     0       1     magic 0x53 ("S")                                   \\
     1       1     format version (2)                                  | frame header
     2       1     kind (1 dense, 2 sparse, 3 sketch, 4 patch chain)  /
-    3       1     flags: bits 0-1 value coding (0 float, 1 int8 times a float32 scale; 2-3 reserved)
-                         bit  2   float value dtype (0 fp32, 1 fp16; see sluice.wire.dtypes), 0 for int8
+    3       1     flags: bits 0-1 value coding (0 float, 1 int8 times a float32 scale, 2 sign bits
+                                  times a float32 scale; 3 reserved)
+                         bit  2   float value dtype (0 fp32, 1 fp16; see sluice.wire.dtypes), 0 when scaled
                          bit  3   body is zstd-compressed (magicless frame)
                          bits 4-5 index coding, sparse only (0 seed, 1 Golomb-Rice, 2 bitmap, 3 raw u32)
                          bits 6-7 scale, sparse only (0: 1.0, 1: d/k, 2: explicit float64 follows)
     4       ...   LEB128 varints: dense d | sparse d, k | sketch d, rows, cols
             8     seed (uint64): sparse with index coding "seed", and sketch
             8     scale (float64): sparse with scale mode 2
-            4     value scale (float32): int8 values (dense and sparse only)
-            ...   body: values (k or d or rows*cols fp16/fp32/int8), then the index block (sparse)
+            4     value scale (float32): value codings 1 and 2 (dense and sparse only)
+            ...   body: values (k or d or rows*cols fp16/fp32/int8, or ceil(n/8) bytes of n sign bits),
+                  then the index block (sparse)
     -4      4     CRC-32 of every byte before it                     (frame trailer)
 
 A patch chain is: magic, version, kind 4, flags (all bits reserved, zero), varint ``n``, then ``n`` times
@@ -51,6 +53,12 @@ Index coding of explicit indices ``i_0 < i_1 < ... < i_{k-1}`` picks the smalles
 Quantised values (value coding 1) are int8 ``q`` with a float32 value scale ``v``: the values they stand
 for are ``float32(v) * float32(q)`` (:func:`float_values`), computed the same way by sender and receiver,
 so a sender that applies what it sends (the server's steps) and a receiver that adds it agree bit for bit.
+When every int8 value is +1 or -1 (a sign quantiser's output, e.g. sparse ternary compression, Sattler et
+al. 2019) the encoder picks value coding 2 by itself: the ``n`` values travel as ``ceil(n / 8)`` bytes of
+sign bits (1 = negative, most significant bit first, padding bits zero and checked on decode), one bit per
+value instead of eight, and decode to the same int8 ``+-1`` (so the values stand for ``v * sign``). A
+top-k message of ``k`` signs with Rice-coded positions thus costs the header, the float32 scale,
+``ceil(k / 8)`` sign bytes and the index block.
 
 ``decode(encode(p))`` reproduces ``p`` bit for bit. Anything malformed -- truncated, corrupted, of another
 version or kind, inconsistent -- raises :class:`sluice.errors.WireError`; the CRC is checked before any
@@ -100,6 +108,7 @@ FLAG_ZSTD = 1 << 3
 """Flags bit: the body is zstd-compressed."""
 _VALUE_CODING = 0b11
 _QUANT_INT8 = 1
+_QUANT_SIGN = 2
 _MAX_RICE = 32
 _FIXED = HEADER + 1  # frame header and flags
 
@@ -438,7 +447,15 @@ def _choose_coding(indices: np.ndarray, d: int) -> int:
 
 
 # --------------------------------------------------------------------------------------------- encoding
-def _value_bytes(arr: np.ndarray) -> bytes:
+def _only_signs(arr: np.ndarray) -> bool:
+    """Whether every value is +1 or -1 (an int8 payload whose values value coding 2 carries)."""
+    return bool(np.all((arr == 1) | (arr == -1)))
+
+
+def _value_bytes(arr: np.ndarray, signs: bool = False) -> bytes:
+    """The values as they travel: packed sign bits (1 = negative, MSB first) or in their wire layout."""
+    if signs:
+        return np.packbits(arr < 0).tobytes()
     t = INT8 if arr.dtype == INT8.numpy else _value_type(arr)
     assert t is not None  # payload constructors check the value type
     return arr.astype(t.wire, copy=False).tobytes()
@@ -463,10 +480,12 @@ def encode(
         body = bytes([0]) + varint(len(parts))
         return frame(KIND_CHAIN, body, *(varint(len(part)) + part for part in parts))
     extra = b""
+    vscale = getattr(payload, "vscale", None)
+    signs = vscale is not None and _only_signs(payload.values)
     if isinstance(payload, DensePayload):
         kind, arr = KIND_DENSE, payload.values
         head = varint(payload.d)
-        body = _value_bytes(arr)
+        body = _value_bytes(arr, signs)
         high = 0
     elif isinstance(payload, SparsePayload):
         kind, arr = KIND_SPARSE, payload.values
@@ -492,7 +511,7 @@ def encode(
             scale_mode = _SCALE_EXPLICIT
             extra += struct.pack("<d", payload.scale)
         high = (coding << 4) | (scale_mode << 6)
-        body = _value_bytes(arr) + block
+        body = _value_bytes(arr, signs) + block
     elif isinstance(payload, SketchPayload):
         kind, arr = KIND_SKETCH, payload.table
         head = varint(payload.d) + varint(payload.rows) + varint(payload.cols)
@@ -501,9 +520,8 @@ def encode(
         high = 0
     else:
         raise WireError(f"cannot encode a {type(payload).__name__}: expected a Dense/Sparse/Sketch payload")
-    vscale = getattr(payload, "vscale", None)
     if vscale is not None:
-        flags = _QUANT_INT8 | high
+        flags = (_QUANT_SIGN if signs else _QUANT_INT8) | high
         extra += struct.pack("<f", vscale)
     else:
         vtype = _value_type(arr)
@@ -560,7 +578,7 @@ def decode(buf: bytes | bytearray | memoryview) -> Payload:
     if kind == KIND_CHAIN:
         return _decode_chain(buf)
     quant = flags & _VALUE_CODING
-    if quant > _QUANT_INT8 or (quant and (kind == KIND_SKETCH or flags & FLAG_FP16)):
+    if quant > _QUANT_SIGN or (quant and (kind == KIND_SKETCH or flags & FLAG_FP16)):
         raise WireError(f"malformed header: reserved flag bits set (flags=0x{flags:02x})")
     vtype = INT8 if quant else VECTOR_DTYPES[(flags >> 2) & 1]
     dtype = vtype.numpy
@@ -613,7 +631,7 @@ def decode(buf: bytes | bytearray | memoryview) -> Payload:
         (vscale,) = struct.unpack_from("<f", buf, pos)
         pos += 4
 
-    value_bytes = count * vtype.itemsize
+    value_bytes = (count + 7) // 8 if quant == _QUANT_SIGN else count * vtype.itemsize
     if kind == KIND_SPARSE:
         fixed_block = {CODING_SEED: 0, CODING_BITMAP: (d + 7) // 8, CODING_RAW: 4 * k}.get(coding)
         min_block = 1 if coding == CODING_RICE else fixed_block
@@ -640,7 +658,10 @@ def decode(buf: bytes | bytearray | memoryview) -> Payload:
     if len(body) < value_bytes + min_block or len(body) > value_bytes + max_block:
         raise WireError(f"corrupt body: {len(body)} bytes, expected {value_bytes + min_block}")
     try:
-        values = np.frombuffer(body, dtype=vtype.wire, count=count).astype(dtype)
+        if quant == _QUANT_SIGN:
+            values = _read_signs(body[:value_bytes], count)
+        else:
+            values = np.frombuffer(body, dtype=vtype.wire, count=count).astype(dtype)
         block = body[value_bytes:]
         if kind == KIND_DENSE:
             return DensePayload(values, vscale=vscale)
@@ -660,6 +681,14 @@ def decode(buf: bytes | bytearray | memoryview) -> Payload:
         raise
     except (ValueError, IndexError, OverflowError) as exc:  # pragma: no cover - CRC makes this unlikely
         raise WireError(f"corrupt {kind_name(kind)} body: {exc}") from exc
+
+
+def _read_signs(block: bytes, count: int) -> np.ndarray:
+    """int8 ``+-1`` from ``count`` packed sign bits (1 = negative); set padding bits are corruption."""
+    bits = np.unpackbits(np.frombuffer(block, dtype=np.uint8))
+    if np.any(bits[count:]):
+        raise WireError("corrupt values: sign padding bits are set")
+    return np.where(bits[:count] == 1, -1, 1).astype(np.int8)
 
 
 def _unzstd(body: bytes, min_size: int, max_size: int) -> bytes:
