@@ -1,6 +1,6 @@
 """Control-plane commands: ``sluice local`` (centralised training under termination parameters),
-``sluice data add`` (check more training data against a run and queue it) and ``sluice report`` (show a
-report).
+``sluice data add`` (check more training data against a run and queue it), ``sluice data describe``
+(statistics and plots of a generated scenario) and ``sluice report`` (show a report).
 """
 
 from __future__ import annotations
@@ -22,7 +22,15 @@ def _local(args: argparse.Namespace) -> int:
     from sluice.jobs import load_job
 
     job = load_job("local", args.config, args.overrides)
-    return run_job(job, args.out, console=Console(), unit="iteration", prefix="local")
+    engine = job.build()
+
+    def plot(records: list[dict[str, Any]], run_dir: Path) -> None:
+        """A scenario's type-specific errors against the iteration (nothing for the embedded datasets)."""
+        from sluice.plots import plot_metrics
+
+        plot_metrics(records, run_dir, list(engine.metric_fns), key="iteration", bytes_axis=False)
+
+    return run_job(job, args.out, console=Console(), unit="iteration", prefix="local", plot=plot, engine=engine)
 
 
 # ------------------------------------------------------------------------------------------- data / report
@@ -93,6 +101,34 @@ def _data_add(args: argparse.Namespace) -> int:
     return 0
 
 
+def _data_describe(args: argparse.Namespace) -> int:
+    """Generate scenario ``args.dataset`` (``--set`` parameters of its section, ``--seed``), print its
+    statistics and write its plots into ``--out`` (default ``runs/data-<dataset>-<timestamp>``)."""
+    from sluice.config import apply_overrides
+    from sluice.data import scenarios
+    from sluice.data.config import scenario_params
+    from sluice.errors import ConfigError
+    from sluice.runs import new_run_path
+
+    spec = scenarios.get_spec(args.dataset)
+    try:
+        params = scenario_params(args.dataset, apply_overrides({}, args.overrides))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    data = scenarios.load_scenario(args.dataset, params, seed=args.seed)
+    out = Path(args.out) if args.out else new_run_path(f"data-{args.dataset}")
+    out.mkdir(parents=True, exist_ok=True)
+    lines, paths = spec.describe(data, out)
+    console = Console()
+    console.print(f"[bold]{args.dataset}[/] (seed {args.seed}): {data.task}, model type {data.model_type}",
+                  highlight=False)
+    for line in lines:
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
+    for path in paths:
+        console.print(f"plot: {path}", highlight=False, markup=False, soft_wrap=True)
+    return 0
+
+
 def _report(args: argparse.Namespace) -> int:
     from sluice.control import TrainingReport, threegpp
 
@@ -119,7 +155,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_config_arguments(p, out_default="runs/local-<timestamp>", example="termination.performance.accuracy=0.95")
     p.set_defaults(func=_local)
 
-    d = sub.add_parser("data", help="hand more training data to a run")
+    d = sub.add_parser("data", help="hand more training data to a run; describe a generated scenario")
     dsub = d.add_subparsers(dest="data_command", required=True, metavar="ACTION")
     a = dsub.add_parser(
         "add", help="check a .npz file (arrays X and y) against a run and queue it",
@@ -133,6 +169,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--client", type=int, default=None,
                    help="federated runs: the client that gets the data (default: the file's client, else 0)")
     a.set_defaults(func=_data_add)
+    s = dsub.add_parser(
+        "describe", help="generate a scenario, print its statistics and plot it",
+        description="Generate a network-analytics scenario (coverage, energy or kpi_anomaly) with the "
+        "parameters given by --set (its [data.scenario] keys; defaults otherwise), print its statistics and "
+        "write its plots; the paths are printed.",
+    )
+    s.add_argument("dataset", help="scenario: coverage, energy or kpi_anomaly")
+    s.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="a generator parameter of the scenario (repeatable)")
+    s.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
+    s.add_argument("--out", help="directory for the plots (default: runs/data-<dataset>-<timestamp>)")
+    s.set_defaults(func=_data_describe)
 
     r = sub.add_parser("report", help="show the training report of a run")
     r.add_argument("run_dir")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -41,7 +42,9 @@ def inbox_item(data: dict[str, Any]) -> tuple[int, Any, Any]:
 
 
 def summarize(history: Any, engine: Any, wall: float) -> dict[str, Any]:
-    return {
+    """``summary.json`` of a run; on a scenario also its model type and the last value of each of its
+    type-specific errors (``final_<metric>``)."""
+    out = {
         "final_accuracy": history.last("test_accuracy"),
         "best_accuracy": history.best("test_accuracy"),
         "total_bytes_up": history.cum_bytes_up,
@@ -50,19 +53,25 @@ def summarize(history: Any, engine: Any, wall: float) -> dict[str, Any]:
         "wall_seconds": round(wall, 3),
         "num_params": engine.num_params,
     }
+    data = engine.data
+    if data.model_type is not None:
+        out["model_type"] = data.model_type
+        out.update({f"final_{name}": history.last(name) for name in data.metric_fns})
+    return out
 
 
 def _describe(engine: Any) -> str:
     cfg = engine.cfg
     c = cfg.compression
-    return (f"[bold]sluice run[/]: {cfg.data.dataset}, {len(engine.data.clients)} clients ({cfg.data.partition}), "
+    split = f"parties of the scenario, {engine.data.model_type}" if cfg.data.is_scenario else cfg.data.partition
+    return (f"[bold]sluice run[/]: {cfg.data.dataset}, {len(engine.data.clients)} clients ({split}), "
             f"q={cfg.train.participation}, d={engine.num_params}; up={c.up}({c.up_ratio}) "
             f"down={c.down}({c.down_ratio}) downlink={c.downlink}")
 
 
 def _main(args: argparse.Namespace) -> int:
     from sluice.jobs import load_job
-    from sluice.plots import plot_accuracy
+    from sluice.plots import plot_accuracy, plot_metrics
 
     flower_only = [name for name, value in (("--nodes", args.nodes), ("--superlink", args.superlink),
                                             ("--root-certificates", args.root_certificates),
@@ -79,6 +88,12 @@ def _main(args: argparse.Namespace) -> int:
                              root_certificates=args.root_certificates, round_timeout_s=args.round_timeout,
                              link_timeout_s=args.link_timeout)
         return run_on_flower(job, args.out, opts, console=Console())
+    engine = job.build()
+
+    def plot(records: list[dict[str, Any]], run_dir: Path) -> None:
+        """Accuracy, and a scenario's type-specific errors, against the round and the megabytes sent."""
+        plot_accuracy(records, run_dir)
+        plot_metrics(records, run_dir, list(engine.data.metric_fns) if engine.data is not None else [])
+
     return run_job(job, args.out, console=Console(), unit="round", prefix="run", summarize=summarize,
-                   plot=plot_accuracy, describe=_describe,
-                   inbox_adapter=inbox_item)
+                   plot=plot, describe=_describe, inbox_adapter=inbox_item, engine=engine)

@@ -62,10 +62,14 @@ def summarize(history: Any, engine: Any, wall: float) -> dict[str, Any]:
     return engine.summary(wall)
 
 
-def plot(records: list[dict[str, Any]], run_dir: Path) -> None:
+def plot(records: list[dict[str, Any]], run_dir: Path, names: list[str] | None = None) -> None:
+    """``loss.png`` and, on a scenario, its type-specific errors (``names``) against the step and the
+    megabytes sent."""
+    from sluice.plots import plot_metrics
     from sluice.vfl.plots import plot_loss
 
     plot_loss(records, run_dir)
+    plot_metrics(records, run_dir, names or [], key="step")
 
 
 def _run_dir(out: str | None) -> Path:
@@ -91,8 +95,9 @@ def _lead(args: argparse.Namespace, command: str, connect: list[str] | None) -> 
                 f"follower(s), {engine.default_iterations} steps planned, batch {cfg.train.batch_size}, "
                 f"G={cfg.pipeline.groups}, {where}")
 
+    names = [s.name for s in engine.scenario_metrics()]
     return run_job(job, str(out), console=Console(), unit="step", prefix="split", summarize=summarize,
-                   plot=plot, describe=describe, engine=engine)
+                   plot=lambda records, run_dir: plot(records, run_dir, names), describe=describe, engine=engine)
 
 
 def _run(args: argparse.Namespace) -> int:

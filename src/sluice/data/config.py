@@ -1,20 +1,72 @@
-"""The ``[data]`` section of a federated task: which dataset, how many clients, how it is partitioned."""
+"""The ``[data]`` section of a federated task: which dataset, how many clients, how it is partitioned.
+
+``dataset`` is an embedded dataset (``digits``, ``breast_cancer``, ``mnist``), FedProx's ``synthetic``, or
+a network-analytics scenario (``coverage``, ``energy``, ``kpi_anomaly``; :mod:`sluice.data.scenarios`).
+A scenario is sized by the ``[data.scenario]`` table, checked against the scenario's own parameter
+section (an unknown or bad key is named); it brings its own parties (one client per site/gNB or cell),
+its own held-out rows and its own model type, so ``partition``, ``alpha``, ``shards_per_client`` and
+``test_fraction`` do not apply to it. ``num_clients`` defaults to 20 for the datasets Sluice partitions
+and to the scenario's number of parties for a scenario, where a given value must equal that number.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 
 from sluice.schema import Section
 
+DEFAULT_CLIENTS = 20
+"""Clients of a partitioned dataset when ``num_clients`` is not given."""
+
 
 class DataConfig(Section):
-    dataset: Literal["digits", "breast_cancer", "mnist", "synthetic"] = "digits"
-    num_clients: int = Field(20, ge=1, le=100_000)
+    dataset: Literal["digits", "breast_cancer", "mnist", "synthetic", "coverage", "energy", "kpi_anomaly"] = "digits"
+    num_clients: int | None = Field(
+        None, ge=1, le=100_000,
+        description=f"clients; default {DEFAULT_CLIENTS}, or a scenario's parties (a given value must equal them)",
+    )
     partition: Literal["iid", "dirichlet", "shards"] = "dirichlet"
     alpha: float = Field(0.3, gt=0, description="Dirichlet concentration (smaller = more skew)")
     shards_per_client: int = Field(2, ge=1)
     test_fraction: float = Field(0.2, gt=0, lt=1)
     synthetic_alpha: float = Field(1.0, ge=0, description="FedProx Synthetic(alpha, beta): model skew")
     synthetic_beta: float = Field(1.0, ge=0, description="FedProx Synthetic(alpha, beta): data skew")
+    scenario: dict[str, Any] = Field(
+        default_factory=dict, description="generator parameters of a scenario dataset (its own section)"
+    )
+
+    @field_validator("scenario")
+    @classmethod
+    def _scenario(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        return scenario_params(info.data.get("dataset"), v)
+
+    @property
+    def is_scenario(self) -> bool:
+        """Whether ``dataset`` is a generated network-analytics scenario."""
+        from sluice.data.scenarios import SCENARIO_NAMES
+
+        return self.dataset in SCENARIO_NAMES
+
+
+def scenario_params(dataset: str | None, params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` checked against the parameter section of scenario ``dataset``, with every default filled
+    in; ``ValueError`` naming each bad key, or when ``dataset`` is no scenario but parameters are given.
+    (``dataset`` None — itself invalid — passes ``params`` through for its own error to be reported.)"""
+    from sluice.config import format_validation_error
+    from sluice.data import scenarios
+
+    if dataset is None:
+        return params
+    if dataset not in scenarios.SCENARIO_NAMES:
+        if params:
+            raise ValueError(f"generator parameters are for the scenarios ({', '.join(scenarios.SCENARIO_NAMES)}); "
+                             f"dataset {dataset!r} takes none")
+        return params
+    section = scenarios.get_spec(dataset).params
+    try:
+        return section.model_validate(params).model_dump(mode="json")
+    except ValidationError as exc:
+        lines = format_validation_error(exc).split("\n  ")[1:]
+        raise ValueError(f"{dataset} parameters: " + "; ".join(lines)) from None

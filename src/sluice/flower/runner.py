@@ -25,6 +25,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from sluice.data.federated import client_count
 from sluice.flower.deploy import (
     DeploymentError,
     LocalDeployment,
@@ -183,7 +184,7 @@ def run_on_flower(job: Job, out: str | None, opts: FlowerOptions, *, console: Co
                               "this runtime does not limit or count; drop the data amount requirements")
     if opts.superlink is not None:
         return _run_remote(job, out_path, opts, console=console)
-    terminals = job.config.data.num_clients
+    terminals = client_count(job.config.data, job.config.seed)
     nodes = opts.nodes or terminals
     if not 1 <= nodes <= terminals:
         raise DeploymentError(f"--nodes must be in 1..{terminals} (data.num_clients: one terminal per node), "

@@ -52,7 +52,10 @@ def local_train(
 ) -> tuple[np.ndarray, float]:
     """Train ``model`` from ``params`` with plain SGD on (X, y); return (Δ = θ_local − θ, mean loss).
 
-    ``model`` is a scratch module whose parameters are overwritten; batches are shuffled with ``seed``.
+    The loss follows the targets: integer class ids ``y`` (classification) give the cross-entropy
+    ``−(1/B) Σ log softmax(f(x))_y``, float targets ``y`` of shape ``(n, k)`` (regression) the mean squared
+    error ``(1/B) Σ ‖f(x) − y‖²/k``. ``model`` is a scratch module whose parameters are overwritten; batches
+    are shuffled with ``seed``.
     With ``trainable = l`` only the last ``l`` linear layers learn: the others are frozen and their
     coordinates of Δ are exactly zero.
     """
@@ -62,7 +65,8 @@ def local_train(
     Xt = torch.from_numpy(X)
     yt = torch.from_numpy(y)
     opt = torch.optim.SGD(_freeze(model, trainable), lr=lr)
-    loss_fn = nn.CrossEntropyLoss()
+    regression = y.dtype.kind == "f"
+    loss_fn = nn.MSELoss() if regression else nn.CrossEntropyLoss()
     n = len(yt)
     total, count = 0.0, 0
     for _ in range(epochs):
@@ -70,7 +74,8 @@ def local_train(
         for start in range(0, n, batch_size):
             b = order[start : start + batch_size]
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(Xt[b]), yt[b])
+            out = model(Xt[b])
+            loss = loss_fn(out, yt[b].reshape(out.shape) if regression else yt[b])
             loss.backward()
             opt.step()
             total += loss.item() * len(b)

@@ -33,7 +33,7 @@ from sluice.hfl.client import Client, build_model
 from sluice.hfl.config import HFLConfig
 from sluice.hfl.server import Server
 from sluice.hfl.state import field, pack, unpack
-from sluice.metrics import CLASSIFICATION, MetricSpec, classification_metrics, declare
+from sluice.metrics import CLASSIFICATION, MetricSpec, declare
 from sluice.models import get_flat, num_params, set_flat
 
 
@@ -98,8 +98,14 @@ class HFLEngine(Suspendable):
 
     @property
     def metrics(self) -> dict[str, MetricSpec]:
-        return declare(("train_loss", *CLASSIFICATION),
-                       [MetricSpec("participants", True, 0.0), MetricSpec("dropped", False, 0.0)])
+        """``train_loss``, the test metrics of the task and, for a scenario, its type-specific errors (the
+        scenario's data is loaded to know them), plus ``participants`` and ``dropped``."""
+        extra = [MetricSpec("participants", True, 0.0), MetricSpec("dropped", False, 0.0)]
+        if self.data is None and self.cfg.data.is_scenario:
+            self.data = load_federated(self.cfg.data, seed=self.cfg.seed)
+        if self.data is None:
+            return declare(("train_loss", *CLASSIFICATION), extra)
+        return self.data.declared_metrics(extra)
 
     counts_bytes = True
 
@@ -143,11 +149,14 @@ class HFLEngine(Suspendable):
 
     def check_data(self, data: Any) -> list[tuple[int, np.ndarray, np.ndarray]]:
         """Check data for :meth:`add_data` — ``(client, X, y)`` or a list of such triples — and return it
-        as (client id, float32 ``X`` of shape (k, features), int64 ``y`` of shape (k,)) triples.
+        as (client id, float32 ``X`` of shape (k, features), int64 ``y`` of shape (k,)) triples; for a
+        regression scenario ``y`` holds the targets, ``(k, targets)`` (1-D with one target), and both are
+        given in natural units and returned standardised as the model takes them.
 
         Raises :class:`DataError` saying what is wrong: a client id outside ``[0, num_clients)``, ``X`` not
         2-D with the model's feature count (one 1-D sample of that length is accepted), ``y`` not 1-D or
-        not integers in ``[0, num_classes)``, non-finite values, or ``X`` and ``y`` of different lengths.
+        not integers in ``[0, num_classes)`` (regression: not one row of targets per sample), non-finite
+        values, or ``X`` and ``y`` of different lengths.
         """
         self.start()
         n, nf, nc = len(self.data.clients), self.data.num_features, self.data.num_classes
@@ -171,6 +180,9 @@ class HFLEngine(Suspendable):
             if X.ndim != 2 or X.shape[1] != nf:
                 raise DataError(f"X must have shape (samples, {nf}): the model takes {nf} features, got "
                                 f"shape {X.shape}")
+            if self.data.task == "regression":
+                out.append((int(c), *self._check_targets(X, y_raw)))
+                continue
             if y_raw.ndim != 1:
                 raise DataError(f"y must be 1-D (one label per sample), got shape {y_raw.shape}")
             if len(X) != len(y_raw):
@@ -182,8 +194,22 @@ class HFLEngine(Suspendable):
             if np.any(y_raw != np.round(y_raw)) or np.any((y_raw < 0) | (y_raw >= nc)):
                 raise DataError(f"labels must be integers in [0, {nc}), got values from {y_raw.min():g} to "
                                 f"{y_raw.max():g}")
-            out.append((int(c), X, y_raw.astype(np.int64)))
+            out.append((int(c), *self.data.to_model_space(X, y_raw.astype(np.int64))))
         return out
+
+    def _check_targets(self, X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Regression rows ``(X, y)`` checked (one finite row of targets per sample) and standardised."""
+        k = self.data.num_classes
+        if y.ndim == 1 and k == 1:
+            y = y.reshape(-1, 1)
+        if y.ndim != 2 or y.shape[1] != k:
+            raise DataError(f"y must have shape (samples, {k}): the model predicts {k} targets "
+                            f"({', '.join(self.data.target_names)}), got shape {y.shape}")
+        if len(X) != len(y):
+            raise DataError(f"X has {len(X)} rows but y has {len(y)}")
+        if not (np.isfinite(X).all() and np.isfinite(y).all()):
+            raise DataError("X or y holds non-finite values (NaN or infinity); every value must be finite")
+        return self.data.to_model_space(X, y)
 
     def add_data(self, data: Any) -> None:
         """Add samples to clients: ``(client, X, y)`` or a list of such triples (checked first: nothing is
@@ -275,11 +301,10 @@ class HFLEngine(Suspendable):
 
     @torch.no_grad()
     def _evaluate(self) -> dict[str, float]:
-        """Test metrics of the server model (:func:`sluice.metrics.classification_metrics`)."""
+        """Test metrics of the server model (:meth:`sluice.data.FederatedData.test_metrics`)."""
         set_flat(self.model, self.server.params)
         self.model.eval()
-        logits = self.model(torch.from_numpy(self.data.X_test))
-        return classification_metrics(logits, self.data.y_test, self.data.num_classes)
+        return self.data.test_metrics(self.model(torch.from_numpy(self.data.X_test)))
 
     # -- checkpoint ---------------------------------------------------------------------------
     def checkpoint(self) -> bytes:

@@ -1,18 +1,32 @@
-"""Configuration of plain centralised training (``sluice local``): one embedded dataset, one MLP."""
+"""Configuration of plain centralised training (``sluice local``): one dataset in one place, one MLP.
+
+The dataset is an embedded one or a network-analytics scenario (``coverage``, ``energy``, ``kpi_anomaly``)
+sized by ``[data.scenario]``; a scenario's train rows of every party are pooled (the centralised model)
+and its own held-out rows are the test set, so ``test_fraction`` does not apply to it.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
+from sluice.data.config import scenario_params
 from sluice.schema import Section
 
 
 class LocalData(Section):
-    dataset: Literal["digits", "breast_cancer", "mnist"] = "digits"
+    dataset: Literal["digits", "breast_cancer", "mnist", "coverage", "energy", "kpi_anomaly"] = "digits"
     test_fraction: float = Field(0.2, gt=0, lt=1)
     max_train_samples: int | None = Field(None, ge=1, description="start with only this many samples")
+    scenario: dict[str, Any] = Field(
+        default_factory=dict, description="generator parameters of a scenario dataset (its own section)"
+    )
+
+    @field_validator("scenario")
+    @classmethod
+    def _scenario(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        return scenario_params(info.data.get("dataset"), v)
 
 
 class LocalModel(Section):

@@ -3,19 +3,23 @@
 Every option has a default that runs: breast cancer split as FATE does (leader x0-x9 and the label,
 one follower x10-x29), topology 6 (leader bottom + follower bottom -> leader top), G chosen
 automatically, leader and follower in separate processes over loopback gRPC.
+
+A classification scenario (``kpi_anomaly``, or ``coverage`` with problem classes) is split by its own
+vertical feature groups (:mod:`sluice.vfl.data`), sized by ``[data.scenario]``.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from sluice.data.config import scenario_params
 from sluice.schema import Section
 
 from .topology import TOPOLOGIES, TopologyName
 
-DatasetName = Literal["breast_cancer", "digits", "classification"]
+DatasetName = Literal["breast_cancer", "digits", "classification", "coverage", "energy", "kpi_anomaly"]
 
 
 class SplitDataConfig(Section):
@@ -32,6 +36,14 @@ class SplitDataConfig(Section):
     follower_columns: list[list[int]] | None = Field(
         None, description="feature columns of each follower (default: per dataset and topology)"
     )
+    scenario: dict[str, Any] = Field(
+        default_factory=dict, description="generator parameters of a scenario dataset (its own section)"
+    )
+
+    @field_validator("scenario")
+    @classmethod
+    def _scenario(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        return scenario_params(info.data.get("dataset"), v)
 
 
 class SplitModelConfig(Section):
@@ -131,7 +143,8 @@ class PartyPolicy(Section):
     """What a follower accepts when the leader proposes a task (``sluice split party``)."""
 
     name: str = "follower"
-    datasets: list[DatasetName] = Field(default_factory=lambda: ["breast_cancer", "digits", "classification"])
+    datasets: list[DatasetName] = Field(default_factory=lambda: [
+        "breast_cancer", "digits", "classification", "coverage", "energy", "kpi_anomaly"])
     columns: list[int] | None = Field(None, description="columns this party holds (None: any)")
     missing_ids: list[str] = Field(default_factory=list, description="sample ids this party does not hold")
     require_tls: bool = False

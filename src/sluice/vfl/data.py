@@ -5,6 +5,12 @@
 - ``digits``: 1797 8x8 images; the leader holds the left half (pixel columns 0-3), followers the right
   half (pixel columns 4-7, in blocks of whole pixel columns when there are several followers).
 - ``classification``: ``make_classification`` at any size; features split in equal blocks.
+- a classification scenario (``kpi_anomaly``, ``coverage`` with problem classes; :mod:`sluice.data.scenarios`):
+  its rows in natural units, its own held-out rows as the test set and its vertical feature groups as the
+  parties' columns: in topology 6 the leader holds group 0 (the group that comes with the labels) and
+  follower ``i`` group ``i`` (so ``followers`` = groups − 1); where only followers hold features (4A)
+  follower ``i`` holds group ``i − 1`` (``followers`` = groups). The leader evaluates the scenario's
+  type-specific errors on the test rows.
 
 Which party holds features depends on the topology: in 4A only followers do (the leader holds labels
 and the top model), in 5 (U-shape) only the leader does (the follower holds the middle model), in 6
@@ -15,18 +21,24 @@ operation, so it needs nothing from the other parties).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from sklearn.datasets import make_classification
 from sklearn.model_selection import train_test_split
 
 from sluice.data.datasets import raw_dataset
+from sluice.data.scenarios import SCENARIO_NAMES
 from sluice.errors import DataError
 
 from .config import SplitConfig, SplitDataConfig
 from .topology import topology
+
+if TYPE_CHECKING:
+    from sluice.data.scenarios import ScenarioData
 
 
 @dataclass(frozen=True)
@@ -39,6 +51,37 @@ class Table:
     y: np.ndarray  # int64
     n_classes: int
     image_width: int | None = None  # digits: columns are pixels of rows of this width
+    scenario: ScenarioData | None = None  # a generated scenario: test rows, vertical groups, metrics
+
+    def groups(self) -> list[list[int]] | None:
+        """A scenario's vertical feature groups as column indices (None for the other datasets)."""
+        if self.scenario is None:
+            return None
+        return [[int(c) for c in self.scenario.columns(g)] for g in self.scenario.vertical]
+
+    def metric_fns(self, test_ids: list[str]) -> dict[str, Any]:
+        """A scenario's type-specific errors ``f(logits, labels)`` on the rows ``test_ids`` (empty for the
+        other datasets)."""
+        if self.scenario is None:
+            return {}
+        from sluice.data import scenarios
+
+        index = {sid: i for i, sid in enumerate(self.ids.tolist())}
+        rows = np.array([index[s] for s in test_ids], dtype=np.int64)
+        return scenarios.scaled_metric_fns(self.scenario, rows, scenarios.get_spec(self.scenario.name))
+
+
+@lru_cache(maxsize=8)
+def _scenario_table(name: str, params_json: str, seed: int) -> Table:
+    from sluice.data.scenarios import load_scenario
+
+    data = load_scenario(name, json.loads(params_json), seed)
+    if data.task != "classification":
+        raise DataError(f"split training trains classifiers; scenario {name} as configured is a "
+                        f"{data.task} task (targets {', '.join(data.target_names)})")
+    ids = np.array([f"{name}-{i:06d}" for i in range(len(data.y))])
+    classes = max(int(data.y.max()) + 1, len(data.target_names))
+    return Table(name, ids, data.X.astype(np.float64), data.y.astype(np.int64), classes, None, data)
 
 
 @lru_cache(maxsize=8)
@@ -71,12 +114,17 @@ def _table(
 
 
 def load_table(cfg: SplitDataConfig, seed: int) -> Table:
-    """The full table for ``cfg`` (cached; ``seed`` only matters for ``classification``)."""
+    """The full table for ``cfg`` (cached; ``seed`` only matters for ``classification`` and scenarios)."""
+    if cfg.dataset in SCENARIO_NAMES:
+        return _scenario_table(cfg.dataset, json.dumps(cfg.scenario, sort_keys=True), seed)
     return _table(cfg.dataset, cfg.n_samples, cfg.n_features, cfg.n_informative, cfg.n_classes, seed)
 
 
 def split_ids(table: Table, test_fraction: float, seed: int) -> tuple[list[str], list[str]]:
-    """Stratified train/test split of the sample ids, seeded."""
+    """Stratified train/test split of the sample ids, seeded (a scenario: its own held-out rows)."""
+    if table.scenario is not None:
+        test = table.scenario.test
+        return [str(i) for i in table.ids[~test]], [str(i) for i in table.ids[test]]
     tr, te = train_test_split(
         np.arange(len(table.y)), test_size=test_fraction, random_state=seed, stratify=table.y
     )
@@ -107,6 +155,15 @@ def default_columns(cfg: SplitConfig, table: Table) -> tuple[list[int], list[lis
     k = cfg.followers
     topo = topology(cfg.topology)
     followers: list[list[int]]
+    groups = table.groups()
+    if groups is not None and d.leader_columns is None and d.follower_columns is None and topo.follower_features:
+        lead = topo.leader_bottom
+        want = len(groups) - 1 if lead else len(groups)
+        if k != want:
+            raise DataError(f"scenario {table.name} splits its features into {len(groups)} vertical groups "
+                            f"({'leader + ' if lead else ''}followers), so topology {topo.name} needs "
+                            f"followers = {want}, got {k}")
+        return (groups[0] if lead else []), [list(g) for g in (groups[1:] if lead else groups)]
     if not topo.follower_features:  # U-shape: the leader holds every feature, the follower a middle part
         leader = list(range(n)) if d.leader_columns is None else list(d.leader_columns)
         followers = [[]] if d.follower_columns is None else [list(c) for c in d.follower_columns]

@@ -108,6 +108,7 @@ def proposal_for(task: Task, index: int, groups: int | str, tls: bool) -> dict[s
             "n_features": d.n_features,
             "n_informative": d.n_informative,
             "n_classes": d.n_classes,
+            "scenario": d.scenario,
         },
         "seed": task.cfg.seed,
         "columns": task.follower_columns[index],

@@ -138,6 +138,17 @@ def scaled_metric_fns(data: ScenarioData, rows: np.ndarray, spec: ScenarioSpec) 
     return {k: wrap(f) for k, f in fns.items()}
 
 
+def save_figure(fig: Any, out_dir: str | Path, name: str) -> Path:
+    """Write a matplotlib figure as ``out_dir/name`` (the folder is created), close it, return the path."""
+    import matplotlib.pyplot as plt
+
+    path = Path(out_dir) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def cache_dir() -> Path:
     """Where generated scenarios are kept: ``$SLUICE_CACHE/scenarios`` (default ``~/.cache/sluice``)."""
     root = os.environ.get("SLUICE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "sluice")

@@ -89,7 +89,7 @@ from pydantic import Field, model_validator
 from scipy.signal import lfilter
 from scipy.special import ndtr
 
-from sluice.data.scenarios.base import MetricFn, ScenarioData, ScenarioSpec
+from sluice.data.scenarios.base import MetricFn, ScenarioData, ScenarioSpec, save_figure
 from sluice.errors import DataError
 from sluice.metrics import SIGNALS, THRESHOLDS, MetricSpec, coverage_metrics
 from sluice.schema import Section
@@ -545,9 +545,7 @@ def describe(data: ScenarioData, out_dir: Path) -> tuple[list[str], list[Path]]:
     lines.append(f"LOS share of serving links {np.mean(info['los']):.3f}, indoor {np.mean(info['indoor']):.3f}")
     lines.append("parameters: " + ", ".join(f"{k}={v}" for k, v in data.params.items()))
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(8, 7), dpi=110)
+    fig, ax = plt.subplots(figsize=(8, 7))
     sc = ax.scatter(info["x_m"], info["y_m"], c=info["rsrp_dbm"], s=4, cmap="viridis", lw=0)
     fig.colorbar(sc, ax=ax, label="serving RSRP (dBm per RE)")
     for i, name in enumerate(CLASSES[1:], start=1):
@@ -565,10 +563,7 @@ def describe(data: ScenarioData, out_dir: Path) -> tuple[list[str], list[Path]]:
     ax.set_title(f"{data.params['scenario']}: serving RSRP and coverage problems (class by priority)")
     ax.legend(loc="upper right", fontsize=7, markerscale=1.5)
     fig.tight_layout()
-    path = out_dir / "coverage_rsrp_map.png"
-    fig.savefig(path)
-    plt.close(fig)
-    return lines, [path]
+    return lines, [save_figure(fig, out_dir, "coverage_rsrp_map.png")]
 
 
 SPEC = ScenarioSpec(

@@ -89,7 +89,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, field_validator, model_validator
 
-from sluice.data.scenarios.base import MetricFn, ScenarioData, ScenarioSpec
+from sluice.data.scenarios.base import MetricFn, ScenarioData, ScenarioSpec, save_figure
 from sluice.errors import DataError
 from sluice.metrics import KNOWN, energy_efficiency, energy_metrics
 from sluice.schema import Section
@@ -470,12 +470,7 @@ def describe(data: ScenarioData, out_dir: Path) -> tuple[list[str], list[Path]]:
         ax2.legend(loc="upper right", fontsize=8)
     fig.suptitle(f"cell {pick} ({CELL_TYPES[int(ctype[m][0])]}), first week")
     fig.tight_layout()
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "energy_week.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return lines, [path]
+    return lines, [save_figure(fig, out_dir, "energy_week.png")]
 
 
 SPEC = ScenarioSpec(

@@ -58,7 +58,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import Field, field_validator, model_validator
 
-from sluice.data.scenarios.base import MetricFn, ScenarioData, ScenarioSpec
+from sluice.data.scenarios.base import MetricFn, ScenarioData, ScenarioSpec, save_figure
 from sluice.data.scenarios.energy import PROFILES, diurnal_profile, held_out_days
 from sluice.errors import DataError
 from sluice.metrics import MetricSpec
@@ -340,12 +340,7 @@ def describe(data: ScenarioData, out_dir: Path) -> tuple[list[str], list[Path]]:
     axes[-1].set_xlabel("hour")
     fig.suptitle(f"cell {pick}: KPIs and injected anomalies")
     fig.tight_layout()
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "kpi_anomaly_cell.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return lines, [path]
+    return lines, [save_figure(fig, out_dir, "kpi_anomaly_cell.png")]
 
 
 SPEC = ScenarioSpec(
