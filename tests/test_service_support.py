@@ -100,11 +100,14 @@ class Server:
     db: Path
     proc: subprocess.Popen
     log: Path
+    database: str = ""
+    """SQLAlchemy URL of the store (``sqlite:///{db}`` unless another database was given)."""
     http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=30, trust_env=False))
+    scheme: str = "http"
 
     @property
     def root(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     @property
     def function(self) -> str:
@@ -157,16 +160,25 @@ class Server:
 
 
 def start_server(tmp: Path, *, name: str = "svc", port: int | None = None, db: Path | None = None,
-                 extra: tuple[str, ...] = ()) -> Server:
+                 database: str | None = None, extra: tuple[str, ...] = (), token: str | None = None,
+                 tls: Any = None) -> Server:
+    """``sluice serve`` on ``port`` (default a free one) with its store in SQLite file ``db`` (default
+    ``tmp/<name>.db``), or at SQLAlchemy URL ``database`` when given (e.g. a PostgreSQL database; restart a
+    server on the same store with ``database=srv.database``). ``token``: the bearer token ``srv.http``
+    sends; ``tls``: the SSL context ``srv.http`` verifies an HTTPS server with (``extra`` names the server's
+    certificate)."""
     port = port or free_port()
     db = db or tmp / f"{name}.db"
+    database = database or f"sqlite:///{db}"
     log = tmp / f"{name}-{port}.log"
-    cmd = [sys.executable, "-m", "sluice", "serve", "--port", str(port), "--database", f"sqlite:///{db}",
+    cmd = [sys.executable, "-m", "sluice", "serve", "--port", str(port), "--database", database,
            "--set", "max_concurrent=2", "--set", "progress_interval_s=0.05", "--set", "notify_backoff_s=0.2", *extra]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with open(log, "ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=tmp, env=env, start_new_session=True)
-    srv = Server(port, db, proc, log)
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    http = httpx.Client(timeout=30, trust_env=False, headers=headers, verify=True if tls is None else tls)
+    srv = Server(port, db, proc, log, database, http, "http" if tls is None else "https")
     t0 = time.monotonic()
     while time.monotonic() - t0 < 60:
         if proc.poll() is not None:
@@ -206,9 +218,10 @@ def running_server(tmp: Path, **kw: Any) -> Iterator[Server]:
 
 
 class Receiver:
-    """A notification recipient on a loopback port: records every POSTed JSON body, answers 204."""
+    """A notification recipient on a loopback port: records every POSTed JSON body, answers 204. With
+    ``tls`` (a server-side SSL context) it listens for HTTPS."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: Any = None) -> None:
         self.got: list[dict[str, Any]] = []
         self.times: list[float] = []
         self.lock = threading.Lock()
@@ -228,7 +241,10 @@ class Receiver:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/notify"
+        if tls is not None:
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
+        scheme = "http" if tls is None else "https"
+        self.url = f"{scheme}://127.0.0.1:{self.server.server_address[1]}/notify"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 

@@ -63,6 +63,20 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return raw
 
 
+def merge_patch(base: Any, patch: Any) -> Any:
+    """RFC 7396 JSON merge patch of ``patch`` onto ``base``: a new object in which ``None`` deletes a key
+    and nested objects merge."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(base) if isinstance(base, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = merge_patch(out.get(k), v)
+    return out
+
+
 def read_toml(path: str | Path | None, overrides: list[str] | None = None) -> dict[str, Any]:
     """The raw settings of a TOML file (``{}`` when ``path`` is None) with ``--set`` overrides applied."""
     raw: dict[str, Any] = {}

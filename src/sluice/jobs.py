@@ -12,6 +12,10 @@ engine's configuration plus three control parts::
 Engine configurations know nothing of the control plane: this module splits the document, validates
 each part with its own model and builds the engine through :data:`ENGINE_KINDS`, the one factory keyed
 by engine kind.
+
+A job on a network-analytics scenario (``data.dataset = "coverage" | "energy" | "kpi_anomaly"``) trains
+that scenario's model type: without ``[model] type`` the job takes it, and a different type is a
+configuration error.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from sluice.config import read_toml, validate
-from sluice.control.params import ModelIdentity, Requirements, Termination, parse_model
+from sluice.control.params import ModelIdentity, Requirements, Termination, normalise_model_type, parse_model
 from sluice.engine import Engine
 from sluice.errors import ConfigError
 from sluice.schema import Section
@@ -62,6 +66,8 @@ ENGINE_KINDS: dict[str, EngineKind] = {
                    lambda c: f"local-{c.data.dataset}-mlp"),
         EngineKind("split", "sluice.vfl.config:SplitConfig", "sluice.vfl:engine_from_config",
                    lambda c: f"split-{c.data.dataset}-{c.topology}"),
+        EngineKind("chain", "sluice.service.chain:ChainConfig", "sluice.service.chain:engine_from_config",
+                   lambda c: "chain-" + "-".join(c.producers)),
     )
 }
 
@@ -108,6 +114,16 @@ class Job:
         return out
 
 
+def scenario_model_type(config: Any) -> str | None:
+    """The model type (``MDAType``) of the scenario an engine configuration trains on (None: no scenario)."""
+    from sluice.data import scenarios
+
+    dataset = getattr(getattr(config, "data", None), "dataset", None)
+    if dataset not in scenarios.SCENARIO_NAMES:
+        return None
+    return normalise_model_type(scenarios.get_spec(dataset).model_type)
+
+
 def job_from_dict(kind: str, raw: dict[str, Any]) -> Job:
     """Split ``raw`` into engine configuration, identity, requirements and termination, validate each and
     report every bad field of every part at once."""
@@ -151,6 +167,13 @@ def job_from_dict(kind: str, raw: dict[str, Any]) -> Job:
     if identity_model is None or "id" not in identity:
         base = identity_model or ModelIdentity()
         identity_model = base.model_copy(update={"id": spec.default_model_id(config)})
+    trained = scenario_model_type(config)
+    if trained is not None:
+        if identity_model.type is None:
+            identity_model = identity_model.model_copy(update={"type": trained})
+        elif identity_model.type != trained:
+            raise ConfigError(f"invalid configuration:\n  model.type: {identity_model.type} is not what scenario "
+                              f"{config.data.dataset!r} trains ({trained}); leave model.type out or set it to that")
     return Job(kind, config, identity_model, checked["requirements"], checked["termination"])
 
 

@@ -22,8 +22,9 @@ from . import control as _control
 from . import run as _run
 from . import serve as _serve
 from . import split as _split
+from . import tokens as _tokens
 
-_COMMANDS = [_run, _split, _control, _certs, _serve, _consumer]
+_COMMANDS = [_run, _split, _control, _certs, _serve, _tokens, _consumer]
 
 
 def build_parser() -> argparse.ArgumentParser:

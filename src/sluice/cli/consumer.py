@@ -1,7 +1,9 @@
 """``sluice consumer ...``: the consumer side of the management service, over ProvMnS REST (httpx).
 
 Every command talks to one producer, named by the URI of its ``MLTrainingFunction`` (``--producer``, or
-the ``SLUICE_PRODUCER`` environment variable); ``fanout`` sends one request to several producers and
+the ``SLUICE_PRODUCER`` environment variable), with a bearer token (``--token`` or ``SLUICE_TOKEN``) and, over
+HTTPS, a CA file (``--ca-file`` or ``SLUICE_CA_FILE``) and a client certificate where the producer asks for
+one (``--client-cert``, ``--client-key``); ``fanout`` sends one request to several producers and
 gathers their reports into one table (R4).
 """
 
@@ -19,10 +21,12 @@ from rich.table import Table
 DEFAULT_PRODUCER = "http://127.0.0.1:8080/ProvMnS/v1920/SubNetwork=SN1/MLTrainingFunction=TF1"
 
 
-def _client(args: argparse.Namespace) -> Any:
+def _client(args: argparse.Namespace, url: str | None = None) -> Any:
     from sluice.service.client import ProvMnSClient
 
-    return ProvMnSClient(args.producer, timeout=args.timeout)
+    cert = (args.client_cert, args.client_key) if args.client_cert else None
+    return ProvMnSClient(url or args.producer, timeout=args.timeout, token=args.token or None,
+                         ca_file=args.ca_file or None, client_cert=cert)
 
 
 def _doc(path: str, overrides: list[str]) -> dict[str, Any]:
@@ -235,14 +239,12 @@ def _fanout(args: argparse.Namespace) -> int:
     """R4: the same requirements to several producers, their reports in one table."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from sluice.service.client import ProvMnSClient
-
     doc = _doc(args.file, args.overrides)
     producers = args.to or [args.producer]
 
     def one(url: str) -> tuple[str, dict[str, Any] | None, str]:
         try:
-            with ProvMnSClient(url, timeout=args.timeout) as c:
+            with _client(args, url) as c:
                 out = c.create(doc, args.id)
                 c.wait(out["id"], timeout=args.wait)
                 return url, c.report(out["id"]), ""
@@ -278,6 +280,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="URI of the producer's MLTrainingFunction (default: $SLUICE_PRODUCER or "
                    f"{DEFAULT_PRODUCER})")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for one HTTP answer")
+    p.add_argument("--token", default=os.environ.get("SLUICE_TOKEN"),
+                   help="bearer token (sluice token add; default: $SLUICE_TOKEN)")
+    p.add_argument("--ca-file", default=os.environ.get("SLUICE_CA_FILE"),
+                   help="CA certificates that verify an https producer (default: $SLUICE_CA_FILE, else the system's)")
+    p.add_argument("--client-cert", help="client certificate (PEM) for a producer that asks for one (mutual TLS)")
+    p.add_argument("--client-key", help="private key of --client-cert (default: in the certificate file)")
     cs = p.add_subparsers(dest="consumer_command", required=True, metavar="ACTION")
 
     def cmd(name: str, func: Any, help: str, with_id: bool = True) -> argparse.ArgumentParser:

@@ -390,6 +390,28 @@ class Monitor:
         self.rules = [old.get(r.key, r) for r in rules]
         self.error_metric = effective_error_metric(termination, self.model)
 
+    def state(self) -> dict[str, Any]:
+        """What the criteria have seen so far, JSON-ready: the loss references and, per rule, each
+        condition's streak, last observed value and best value (plateaus); :meth:`load_state` takes it."""
+        rules = [{"rule": r.name, "spec": repr(r.key),
+                  "conditions": [{"streak": c.streak, "observed": c.observed, "best": getattr(c, "best", None)}
+                                 for c in r.conditions]} for r in self.rules]
+        return {"reference": dict(self.reference), "rules": rules}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        """Continue from :meth:`state`: rules whose specification is unchanged take their saved conditions
+        (as :meth:`update` keeps them across parameter updates); others start afresh."""
+        self.reference = {str(k): float(v) for k, v in (state.get("reference") or {}).items()}
+        saved = {(r["rule"], r["spec"]): r["conditions"] for r in state.get("rules") or []}
+        for rule in self.rules:
+            conds = saved.get((rule.name, repr(rule.key)))
+            if conds is None or len(conds) != len(rule.conditions):
+                continue
+            for c, st in zip(rule.conditions, conds, strict=True):
+                c.streak, c.observed = int(st["streak"]), st["observed"]
+                if isinstance(c, _Plateau):
+                    c.best = st["best"]
+
     def set_reference(self, metrics: Mapping[str, float]) -> None:
         """The initial value of each loss (``metrics`` of the untrained model), for ``divergence_factor``;
         the losses among ``metrics`` are those the engine declares to minimise and names ``*_loss``."""

@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 from pydantic import Field, StrictFloat, StrictInt, ValidationError, field_validator, model_validator
 
+from sluice.config import merge_patch
 from sluice.errors import ConfigError
 from sluice.metrics import KNOWN, MetricSpec, canonical
 from sluice.schema import Section
@@ -103,6 +104,19 @@ MDA_TYPE: dict[ModelType, str] = {
 }
 _BY_MDA = {v: k for k, v in MDA_TYPE.items()}
 
+#: SPEC T3's own wording of the types it names without "analysis" ("energy saving", "KPI anomaly"...).
+T3_NAMES: dict[str, ModelType] = {
+    "slice_coverage": ModelType.SLICE_COVERAGE_ANALYSIS,
+    "paging_optimisation": ModelType.PAGING_OPTIMIZATION,
+    "end_to_end_latency": ModelType.E2E_LATENCY_ANALYSIS,
+    "energy_saving": ModelType.ENERGY_SAVING_ANALYSIS,
+    "mobility": ModelType.MOBILITY_ANALYSIS,
+    "network_slice_load": ModelType.NETWORK_SLICE_LOAD_ANALYSIS,
+    "network_slice_throughput": ModelType.NETWORK_SLICE_THROUGHPUT_ANALYSIS,
+    "kpi_anomaly": ModelType.KPI_ANOMALY_ANALYSIS,
+    "ran_software_upgrade": ModelType.RAN_SOFTWARE_UPGRADE_ANALYSIS,
+}
+
 #: Every ``MDAType`` value of TS 28.104 (Rel-19); any of them is accepted as a model type.
 MDA_TYPES = frozenset({
     "COVERAGE_ANALYTICS_COVERAGE_PROBLEM_ANALYSIS", "COVERAGE_ANALYTICS_PAGING_OPTIMIZATION",
@@ -131,12 +145,15 @@ ERROR_METRIC: dict[ModelType, str] = {
 
 
 def normalise_model_type(value: str) -> str:
-    """Canonical type string: the ``MDAType`` of a Sluice model type name, an ``MDAType`` as given, or a
-    vendor string ``VS_<NAME>`` (upper case letters, digits, ``_``)."""
+    """Canonical type string: the ``MDAType`` of a Sluice model type name (or of its SPEC T3 wording,
+    :data:`T3_NAMES`), an ``MDAType`` as given, or a vendor string ``VS_<NAME>`` (upper case letters,
+    digits, ``_``)."""
     text = value.strip()
     low = text.lower().replace("-", "_").replace(" ", "_")
     if low in ModelType._value2member_map_:
         return MDA_TYPE[ModelType(low)]
+    if low in T3_NAMES:
+        return MDA_TYPE[T3_NAMES[low]]
     if text in MDA_TYPES or text in _BY_MDA:
         return text
     vendor_ok = text.replace("_", "").isalnum() and text.isupper()
@@ -365,7 +382,7 @@ class Termination(CriteriaSet):
 
     def merged(self, other: dict[str, Any]) -> Termination:
         """A copy with ``other`` merged in (JSON merge patch semantics: ``None`` deletes a key)."""
-        return parse_termination(_merge_patch(self.model_dump(exclude_none=True), other))
+        return parse_termination(merge_patch(self.model_dump(exclude_none=True), other))
 
 
 class Requirements(Section):
@@ -416,18 +433,6 @@ class Requirements(Section):
 
 
 # ------------------------------------------------------------------------------------------------ helpers
-
-
-def _merge_patch(base: Any, patch: Any) -> Any:
-    if not isinstance(patch, dict):
-        return patch
-    out = dict(base) if isinstance(base, dict) else {}
-    for k, v in patch.items():
-        if v is None:
-            out.pop(k, None)
-        else:
-            out[k] = _merge_patch(out.get(k), v)
-    return out
 
 
 def _parse(model: type[Section], data: Any, what: str) -> Any:

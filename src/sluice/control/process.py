@@ -12,6 +12,8 @@ duck-typed: ``num_samples``, ``num_layers``, ``probe(k) -> seconds per iteration
 (without changing the model), ``set_trainable_layers(l)``, ``limit_samples(n)``, ``check_data(data)``
 (a :class:`DataError` refuses the data; the process records why and goes on waiting) and ``evaluate()``
 (metrics of the untrained model: the initial losses the divergence check compares with).
+An engine that hands training on to other producers offers ``delegate(termination, requirements, model)``:
+it is called before training and after every parameter update with what is in force.
 
 The parameters are checked against the metrics the engine declares when the process is built and on
 every :meth:`TrainingProcess.update` (:func:`sluice.control.monitor.check_criteria`).
@@ -31,6 +33,13 @@ Causes (``TrainingReport.cause``; the state in brackets):
 * ``CANCELLED``, ``INADEQUATE_TRAINING_DATA``, ``INSUFFICIENT_TRAINING_SAMPLES``, ``INSUFFICIENT_COMPUTE``.
 
 Training time is active time: time spent suspended or waiting for data is not counted.
+
+Checkpoints: with ``checkpoint_every = k`` the process calls ``on_checkpoint(process)`` after every k-th
+iteration that training goes on from (never after the one that ends it); the callback takes the engine's
+``checkpoint()`` and the process's :meth:`TrainingProcess.checkpoint`. A new process over a new engine
+restores both (``engine.restore(...)``, :meth:`TrainingProcess.restore`) before :meth:`TrainingProcess.run`
+and goes on from that iteration as the first one would have: same iteration count, active training time,
+criteria state (streaks, plateau bests, loss references) and estimates, no second preflight.
 An event whose ``anomaly`` is ``INADEQUATE_TRAINING_DATA`` did not train and is not counted as an
 iteration.
 """
@@ -126,6 +135,8 @@ class TrainingProcess:
         expected_iterations: int | None = None,
         probe_iterations: int = 2,
         clock: Callable[[], float] = time.monotonic,
+        checkpoint_every: int = 0,
+        on_checkpoint: Callable[[TrainingProcess], None] | None = None,
     ) -> None:
         if not isinstance(engine, Engine):
             raise ConfigError(f"{type(engine).__name__} does not implement the engine protocol "
@@ -142,6 +153,9 @@ class TrainingProcess:
         self.expected_iterations = expected_iterations
         self.probe_iterations = max(1, probe_iterations)
         self.clock = clock
+        if checkpoint_every < 0:
+            raise ConfigError(f"checkpoint_every must be >= 0 (0: no checkpoints), got {checkpoint_every}")
+        self.checkpoint_every, self.on_checkpoint = int(checkpoint_every), on_checkpoint
 
         self.monitor = Monitor(self.termination, self.requirements, self.model, engine.metrics,
                                counts_bytes=engine.counts_bytes, reporter=type(engine).__name__)
@@ -168,6 +182,9 @@ class TrainingProcess:
         self.awaited = 0
         self.data_refused: list[str] = []
         self._paused = 0.0
+        self._elapsed0 = 0.0
+        self.data_taken = 0
+        self.resumed_from: int | None = None
         self.report: TrainingReport | None = None
         self.estimator = self._make_estimator()
 
@@ -287,6 +304,7 @@ class TrainingProcess:
         with self._cv:
             pending, self._pending = self._pending, None
             data, self._data = self._data, []
+            self.data_taken += len(data)
         for d in data:
             self._give_data(d, "add_data")
         if pending is None:
@@ -298,6 +316,13 @@ class TrainingProcess:
             self.termination = t
         self.monitor.update(self.termination, self.requirements)
         self.estimator = self._make_estimator()
+        self._delegate()
+
+    def _delegate(self) -> None:
+        """Hand the parameters in force to an engine that passes them on (a chain of producers)."""
+        delegate = getattr(self.engine, "delegate", None)
+        if delegate is not None:
+            delegate(self.termination, self.requirements, self.model)
 
     def _wait_while_suspended(self) -> None:
         with self._cv:
@@ -339,6 +364,7 @@ class TrainingProcess:
         """Hand the engine the next data on offer: True = taken, False = refused, None = none on offer."""
         with self._cv:
             data = self._data.pop(0) if self._data else None
+            self.data_taken += data is not None
         if data is not None:
             return self._give_data(data, "add_data")
         f = _inbox.oldest(self.inbox) if self.inbox is not None else None
@@ -454,6 +480,41 @@ class TrainingProcess:
         self._set_state(state, self.report)
         return self.report
 
+    # ----------------------------------------------------------------------------------- checkpoint
+    def checkpoint(self) -> dict[str, Any]:
+        """The process's own state after the last iteration as plain dicts and lists (``json.dumps`` keeps
+        its floats exact, NaN and infinities included): iterations done, active training time, the latest
+        metrics and their history, byte and resource counts, data taken (``data_taken``: items given by
+        :meth:`add_data`) and refused, and the criteria state (:meth:`sluice.control.monitor.Monitor.state`)."""
+        return {
+            "n": self.n, "elapsed_s": self.elapsed_s, "latest": dict(self.latest),
+            "history": [[n, dict(m), dt] for n, m, dt in self.history], "bytes_up": self.bytes_up,
+            "bytes_down": self.bytes_down, "peak": dict(self.peak), "awaited": self.awaited,
+            "data_refused": list(self.data_refused), "data_taken": self.data_taken, "monitor": self.monitor.state(),
+        }
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Go on from :meth:`checkpoint` (before :meth:`run`, with the engine restored from the checkpoint
+        taken with it). The termination parameters and requirements are this process's own: criteria they
+        share with the checkpointed ones keep their state."""
+        if self.state != ProcessState.NOT_STARTED:
+            raise ConfigError(f"a checkpoint is restored before the process runs (state {self.state.value})")
+        try:
+            self.n = int(state["n"])
+            self._elapsed0 = self.elapsed_s = float(state["elapsed_s"])
+            self.latest = {str(k): float(v) for k, v in state["latest"].items()}
+            self.history = [(int(n), {str(k): float(v) for k, v in m.items()}, float(dt))
+                            for n, m, dt in state["history"]]
+            self.bytes_up, self.bytes_down = int(state["bytes_up"]), int(state["bytes_down"])
+            self.peak = {str(k): float(v) for k, v in state["peak"].items()}
+            self.awaited, self.data_taken = int(state["awaited"]), int(state["data_taken"])
+            self.data_refused = [str(x) for x in state["data_refused"]]
+            self.monitor.load_state(state["monitor"])
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ConfigError(f"not a training process checkpoint: {type(exc).__name__}: {exc}") from None
+        self.estimator = self._make_estimator()
+        self.resumed_from = self.n
+
     # ----------------------------------------------------------------------------------- run
     def run(self) -> TrainingReport:
         """Train until a criterion fires, an anomaly occurs, the engine fails or the process is cancelled;
@@ -461,6 +522,7 @@ class TrainingProcess:
         raises during training ends the process with cause ``ENGINE_FAILURE``."""
         if self.state != ProcessState.NOT_STARTED:
             raise ConfigError(f"this training process already ran (state {self.state.value})")
+        self._delegate()
         self.engine.start()
         try:
             return self._run()
@@ -472,10 +534,11 @@ class TrainingProcess:
                     raise
 
     def _run(self) -> TrainingReport:
-        verdict = self._preflight()
-        if not verdict.feasible:
-            assert verdict.cause is not None
-            return self._finish(verdict.cause, verdict.detail)
+        if self.resumed_from is None:  # a resumed process passed its preflight before the checkpoint
+            verdict = self._preflight()
+            if not verdict.feasible:
+                assert verdict.cause is not None
+                return self._finish(verdict.cause, verdict.detail)
         self._set_state(ProcessState.RUNNING)
         try:
             return self._train()
@@ -486,13 +549,13 @@ class TrainingProcess:
 
     def _train(self) -> TrainingReport:
         evaluate = getattr(self.engine, "evaluate", None)
-        if evaluate is not None:  # the untrained model's losses: what divergence_factor compares with
-            self.monitor.set_reference(self._engine_call(evaluate))
-        t_start = self.clock()
+        if evaluate is not None and self.resumed_from is None:  # the untrained model's losses: what
+            self.monitor.set_reference(self._engine_call(evaluate))  # divergence_factor compares with
+        t_start = self.clock() - self._elapsed0
         self._paused = 0.0
         probe_pending = (
             self.requirements is not None and self.requirements.max_training_time_s is not None
-            and not hasattr(self.engine, "probe")
+            and not hasattr(self.engine, "probe") and self.n <= self.probe_iterations
         )
         while True:
             self._apply_pending()
@@ -550,6 +613,8 @@ class TrainingProcess:
                 if not v.feasible:
                     assert v.cause is not None
                     return self._finish(v.cause, v.detail + f" (measured over the first {self.n} iterations)")
+            if self.on_checkpoint is not None and self.checkpoint_every and self.n % self.checkpoint_every == 0:
+                self.on_checkpoint(self)
 
 
 def train(

@@ -5,6 +5,9 @@ SuperNode and the ``flwr`` command verify the SuperLink against ``ca.pem`` (``--
 authenticates the SuperLink only: nodes are told apart by their node configuration, not by certificates.
 Keys are EC P-256, certificates are valid for ``days`` days and name every host the SuperLink is reached
 at (IP addresses as IP subject alternative names, other names as DNS names).
+
+:func:`make_client_certificate` signs a client certificate with the same CA, for services that ask their
+callers for one (``sluice serve --tls-client-ca ca.pem``: mutual TLS).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,3 +103,35 @@ def _write(path: Path, data: bytes, *, secret: bool = False) -> None:
     with os.fdopen(fd, "wb") as f:
         f.write(data)
     os.replace(tmp, path)
+
+
+def make_client_certificate(out: str | Path, name: str, *, days: int = 365) -> CertFiles:
+    """Write ``<name>.pem`` and ``<name>.key`` into ``out``: a client certificate (common name ``name``,
+    extended key usage client authentication) signed by the CA that :func:`make_certificates` put there."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    out = Path(out)
+    if not re.fullmatch(r"[A-Za-z0-9_.\-]+", name):
+        raise ConfigError(f"a client name is letters, digits and -_. only, got {name!r}")
+    try:
+        ca = x509.load_pem_x509_certificate((out / CA_CERT).read_bytes())
+        ca_key = serialization.load_pem_private_key((out / "ca.key").read_bytes(), password=None)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"no usable CA in {out} (make one with make_certificates): {exc}") from exc
+    now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+            .issuer_name(ca.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now).not_valid_after(now + dt.timedelta(days=days))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    pem = serialization.Encoding.PEM
+    files = CertFiles(out / CA_CERT, out / f"{name}.pem", out / f"{name}.key")
+    _write(files.key, key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+           secret=True)
+    _write(files.cert, cert.public_bytes(pem))
+    return files

@@ -30,6 +30,7 @@ from torch import nn
 
 from sluice.engine import IterationEvent, Suspendable
 from sluice.errors import ConfigError, DataError, TrainingError
+from sluice.hfl.state import field, pack, unpack
 from sluice.metrics import (
     CLASSIFICATION,
     KNOWN,
@@ -40,6 +41,7 @@ from sluice.metrics import (
     regression_metrics,
 )
 from sluice.models import get_flat, mlp, set_flat
+from sluice.models.state import load_module_tree, load_optimizer_tree, module_tree, optimizer_tree
 
 MetricFn = Callable[[np.ndarray, np.ndarray], float]
 
@@ -261,6 +263,36 @@ class LocalTrainer(Suspendable):
         self.opt.load_state_dict(snap[1])
         self.iteration = snap[2]
         return secs
+
+    # ------------------------------------------------------------------ checkpoint
+    def checkpoint(self) -> bytes:
+        """The whole training state as bytes (:func:`sluice.hfl.state.pack`): the weights, the optimizer's
+        state (momentum buffers), the iteration count (which seeds the next shuffles), the training samples
+        (those added by :meth:`add_data` included) and the settings (:meth:`limit_samples`,
+        :meth:`set_min_samples`, :meth:`set_trainable_layers`). The test set comes from the constructor."""
+        self.start()
+        assert self.model is not None
+        return pack({"kind": "local-trainer", "model": module_tree(self.model), "optimizer": optimizer_tree(self.opt),
+                     "iteration": self.iteration, "X": self.X, "y": self.y, "limit": self._limit,
+                     "min_samples": self.min_samples, "trainable_layers": self._trainable})
+
+    def restore(self, buf: bytes) -> None:
+        """Continue from a :meth:`checkpoint` of a trainer built with the same arguments: the iterations that
+        follow are those the checkpointed trainer would have run."""
+        model, opt, iteration, X, y, limit, min_samples, layers = field(
+            unpack(buf), "local-trainer", "model", "optimizer", "iteration", "X", "y", "limit", "min_samples",
+            "trainable_layers")
+        X, y = self._check(X, y)
+        if X.shape[1] != self.in_dim:
+            raise DataError(f"the checkpoint's samples have {X.shape[1]} features, the model takes {self.in_dim}")
+        self.start()
+        assert self.model is not None
+        self._trainable = layers
+        self._apply_trainable()
+        load_module_tree(self.model, model)
+        load_optimizer_tree(self.opt, opt)
+        self.X, self.y = X, y
+        self.iteration, self._limit, self.min_samples = int(iteration), limit, int(min_samples)
 
     # ------------------------------------------------------------------ one iteration
     def _loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

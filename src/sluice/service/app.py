@@ -19,12 +19,22 @@ Methods and media types:
   ``application/json-patch+json`` (RFC 6902, on ``{"attributes", "VsDataContainer"}``); other media types
   are 415; answers 200 with the new representation;
 * ``DELETE`` — 204.
+
+Bodies are held to ``max_body_bytes`` (``max_upload_bytes`` for a PUT or PATCH of an ``MLTrainingProcess``,
+which carries training data) by :class:`sluice.service.limits.BodyLimit`: 413 before a larger body is read;
+``gzip``/``deflate`` bodies are decoded there under the same limit. A body is strict RFC 8259 JSON (no
+``NaN``/``Infinity``, no number that overflows a float) nested at most :data:`MAX_JSON_DEPTH` deep (400).
+
+Callers: with tokens configured every ProvMnS request needs ``Authorization: Bearer <token>`` (401 with
+``WWW-Authenticate: Bearer`` otherwise) and sees only its consumer's MOIs, another consumer's answering 404
+(:mod:`sluice.service.auth`); the OpenAPI document is served to anyone.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import math
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -33,8 +43,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from sluice.service.auth import CHALLENGE, TokenRegistry
 from sluice.service.config import ServiceConfig
 from sluice.service.core import TrainingService
+from sluice.service.limits import BodyLimit
 from sluice.service.nrm import (
     PRODUCER_ONLY,
     READ_ONLY,
@@ -53,19 +65,57 @@ MERGE = "application/merge-patch+json"
 JSON_PATCH = ("application/json-patch+json", "application/3gpp-json-patch+json")
 GET_PARAMS = {"scope", "scopeType", "scopeLevel", "filter", "attributes", "fields"}
 METHODS = ["GET", "PUT", "PATCH", "POST", "DELETE"]
+MAX_JSON_DEPTH = 32
+ALLOWED = {"MLTrainingRequest": "GET, PUT, PATCH, DELETE", "NtfSubscriptionControl": "GET, PUT, PATCH, DELETE",
+           "MLTrainingProcess": "GET, PUT, PATCH", "MLTrainingFunction": "GET, POST", "SubNetwork": "GET, POST"}
+"""Methods per class for the ``Allow`` header of a 405; any other class (report, model) is read only."""
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse(body, status_code=status, headers=headers, media_type="application/json")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text} is out of range")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value (RFC 8259)")
+
+
+def _depth(doc: Any) -> int:
+    """Nesting depth of a parsed JSON document (a scalar is 0), counted without recursion."""
+    deepest, stack = 0, [(doc, 0)]
+    while stack:
+        node, d = stack.pop()
+        if isinstance(node, dict | list):
+            deepest = max(deepest, d + 1)
+            stack.extend((v, d + 1) for v in (node.values() if isinstance(node, dict) else node)
+                         if isinstance(v, dict | list))
+    return deepest
+
+
 def _body(raw: bytes) -> Any:
+    """The JSON document of a request body. Refused (400): no body, not UTF-8 JSON (RFC 8259: no NaN or
+    Infinity, no number that overflows a float), nesting deeper than :data:`MAX_JSON_DEPTH`."""
     if not raw:
         raise MnSError(400, "the request needs a JSON body")
     try:
-        return json.loads(raw)
-    except ValueError as exc:
-        raise MnSError(400, f"the body is not valid JSON: {exc}") from exc
+        doc = json.loads(raw, parse_float=_finite_float, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
+        raise MnSError(400, f"the body is not valid JSON: {str(exc)[:200]}") from exc
+    if _depth(doc) > MAX_JSON_DEPTH:
+        raise MnSError(400, f"the body nests deeper than {MAX_JSON_DEPTH} levels")
+    return doc
+
+
+def _allowed(path: str) -> str:
+    """The ``Allow`` header of a 405 (RFC 9110 §15.5.6) for the MOI at URI ``path``: the methods its class takes."""
+    cls = path.rstrip("/").rpartition("/")[2].partition("=")[0]
+    return ALLOWED.get(cls, "GET")
 
 
 def _schema_check(cls: str, body: Any, partial: bool) -> None:
@@ -137,6 +187,8 @@ def _add(doc: Any, path: str, value: Any, replace: bool) -> None:
 
 def _remove(doc: Any, path: str) -> Any:
     parts = _pointer(path)
+    if not parts:
+        raise MnSError(400, "a JSON patch cannot remove or move the whole resource", bad_attributes=[path])
     node, last = _walk(doc, parts, path)
     if isinstance(node, dict) and last in node:
         return node.pop(last)
@@ -181,7 +233,8 @@ def apply_json_patch(doc: Any, ops: Any) -> Any:
 
 def create_app(cfg: ServiceConfig, public_url: str | None = None) -> FastAPI:
     """The ProvMnS app of one producer; the service starts and stops with the app's lifespan."""
-    url = public_url or f"http://{cfg.host}:{cfg.port}"
+    url = public_url or f"{'https' if cfg.tls.cert else 'http'}://{cfg.host}:{cfg.port}"
+    tokens = TokenRegistry(cfg.auth)
     service = TrainingService(cfg, url)
     base = cfg.base_path
     sn_ldn = service.sn
@@ -196,10 +249,13 @@ def create_app(cfg: ServiceConfig, public_url: str | None = None) -> FastAPI:
 
     app = FastAPI(title="Sluice ProvMnS", openapi_url=None, docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.service = service
+    app.add_middleware(BodyLimit, max_body_bytes=cfg.max_body_bytes, max_upload_bytes=cfg.max_upload_bytes,
+                       base_path=base)
 
     @app.exception_handler(MnSError)
     async def _mns(request: Request, exc: MnSError) -> JSONResponse:
-        return _json(error_body(exc, request.method), exc.status)
+        headers = {"Allow": _allowed(request.url.path)} if exc.status == 405 else None
+        return _json(error_body(exc, request.method), exc.status, headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -259,7 +315,7 @@ def create_app(cfg: ServiceConfig, public_url: str | None = None) -> FastAPI:
         if bad:
             raise MnSError(400, f"unknown query parameters {bad}; allowed: {sorted(GET_PARAMS)}", bad_query_params=bad)
         cls, _ = locate(ldn)
-        row = service.get(ldn)
+        row = service.get(ldn, request.state.actor)
         if cls == "MLModel" and "application/octet-stream" in request.headers.get("accept", ""):
             art = service.artifact(ldn)
             name = (row.vs_data.get("sluice-model") or {}).get("file", "model.pt")
@@ -297,7 +353,7 @@ def create_app(cfg: ServiceConfig, public_url: str | None = None) -> FastAPI:
         if scope_type != "BASE_ONLY":
             depth = None if scope_type == "BASE_ALL" else level
             base_depth = ldn.count("/")
-            rows = sorted(service.subtree(ldn, depth), key=lambda r: (r.dn.count("/"), r.seq))
+            rows = sorted(service.subtree(ldn, depth, request.state.actor), key=lambda r: (r.dn.count("/"), r.seq))
             chosen = {r.dn for r in rows if _filter_matches(flt, r.dn) and (
                 scope_type != "BASE_NTH_LEVEL" or r.dn.count("/") - base_depth == level)}
             needed = set(chosen)
@@ -319,6 +375,9 @@ def create_app(cfg: ServiceConfig, public_url: str | None = None) -> FastAPI:
     # ------------------------------------------------------------------ PUT / POST
     def put(request: Request, ldn: str, raw: bytes) -> Response:
         cls, parent = locate(ldn)
+        if cls in PRODUCER_ONLY:  # before the body: whatever it holds, the method is not allowed here
+            service.get(ldn, request.state.actor)
+            raise MnSError(405, f"{cls} is created and changed by the producer only", bad_objects=[ldn_to_dn(ldn)])
         body = _body(raw)
         if not isinstance(body, dict):
             raise MnSError(400, "the body must be a JSON object")
@@ -330,24 +389,21 @@ def create_app(cfg: ServiceConfig, public_url: str | None = None) -> FastAPI:
             raise MnSError(400, f"objectClass {body['objectClass']!r} differs from the URI's class {cls!r}",
                            bad_attributes=["objectClass"])
         body = {**body, "id": rid}
-        if cls in PRODUCER_ONLY:
-            service.get(ldn)
-            raise MnSError(405, f"{cls} is created and changed by the producer only", bad_objects=[ldn_to_dn(ldn)])
         if cls == "MLTrainingRequest":
             parent_must_be(ldn, cls, parent)
             _schema_check(cls, body, partial=False)
-            row, created = service.put_request(ldn, body)
+            row, created = service.put_request(ldn, body, request.state.actor)
         elif cls == "NtfSubscriptionControl":
             parent_must_be(ldn, cls, parent)
             _schema_check(cls, body, partial=False)
-            row, created = service.put_subscription(ldn, body)
+            row, created = service.put_subscription(ldn, body, request.state.actor)
         elif cls == "MLTrainingProcess":
             parent_must_be(ldn, cls, parent)
             if service.store.get(ldn) is None:
                 raise MnSError(405, "training processes are created by the producer (one per request)",
                                bad_objects=[ldn_to_dn(ldn)])
             attrs = body.get("attributes") or {}
-            shown = service.get(ldn).attributes
+            shown = service.get(ldn, request.state.actor).attributes
             _schema_check(cls, {"attributes": {k: v for k, v in attrs.items() if not (
                 k in READ_ONLY[cls] and shown.get(k) == v)}}, partial=True)
             row = service.modify_process(ldn, {k: v for k, v in attrs.items() if not (
@@ -371,7 +427,7 @@ def create_app(cfg: ServiceConfig, public_url: str | None = None) -> FastAPI:
         elif ldn == sn_ldn and cls == "NtfSubscriptionControl":
             rid = body.get("id") or f"S{__import__('uuid').uuid4().hex[:12]}"
         else:
-            service.get(ldn)
+            service.get(ldn, request.state.actor)
             raise MnSError(400, "POST creates an MLTrainingRequest under the MLTrainingFunction or an "
                            "NtfSubscriptionControl under the SubNetwork; objectClass names which",
                            bad_attributes=["objectClass"])
@@ -381,9 +437,9 @@ def create_app(cfg: ServiceConfig, public_url: str | None = None) -> FastAPI:
         body = {**body, "id": rid}
         _schema_check(cls, body, partial=False)
         if cls == "MLTrainingRequest":
-            row = service.create_request(child, body)
+            row = service.create_request(child, body, request.state.actor)
         else:
-            row, _ = service.put_subscription(child, body)
+            row, _ = service.put_subscription(child, body, request.state.actor)
         location = str(request.url.replace(query="")).rstrip("/") + f"/{cls}={rid}"
         return _json(representation(row), 201, {"Location": location})
 
@@ -394,7 +450,7 @@ def create_app(cfg: ServiceConfig, public_url: str | None = None) -> FastAPI:
             raise MnSError(415, f"PATCH takes {MERGE} or {', '.join(JSON_PATCH)}, not {ctype or 'no media type'}",
                            bad_attributes=["Content-Type"])
         cls, parent = locate(ldn)
-        row = service.get(ldn)
+        row = service.get(ldn, request.state.actor)
         if cls in PRODUCER_ONLY:
             raise MnSError(405, f"{cls} is changed by the producer only", bad_objects=[ldn_to_dn(ldn)])
         if cls not in ("MLTrainingRequest", "MLTrainingProcess", "NtfSubscriptionControl"):
@@ -441,16 +497,16 @@ def create_app(cfg: ServiceConfig, public_url: str | None = None) -> FastAPI:
         elif cls == "MLTrainingProcess":
             out = service.modify_process(ldn, attrs, vs, merge=merge)
         else:
-            from sluice.service.core import merge_patch
+            from sluice.config import merge_patch
 
             full = merge_patch(row.attributes, attrs) if merge else attrs
-            out, _ = service.put_subscription(ldn, {"id": id_of(ldn), "attributes": full})
+            out, _ = service.put_subscription(ldn, {"id": id_of(ldn), "attributes": full}, request.state.actor)
         return _json(representation(out), 200)
 
     # ------------------------------------------------------------------ DELETE
     def delete(request: Request, ldn: str) -> Response:
         cls, _ = locate(ldn)
-        service.get(ldn)
+        service.get(ldn, request.state.actor)
         if cls == "MLTrainingRequest":
             service.delete_request(ldn)
         elif cls == "NtfSubscriptionControl":
@@ -464,6 +520,10 @@ def create_app(cfg: ServiceConfig, public_url: str | None = None) -> FastAPI:
     @app.api_route(base + "/{ldn:path}", methods=[*METHODS, "HEAD", "OPTIONS"], include_in_schema=False)
     async def dispatch(request: Request, ldn: str) -> Response:
         m = request.method
+        try:
+            request.state.actor = tokens.authenticate(request.headers.get("authorization"))
+        except MnSError as exc:
+            return _json(error_body(exc, m), exc.status, CHALLENGE)
         if m == "GET":
             return await run_in_threadpool(get, request, ldn)
         if m == "DELETE":

@@ -5,7 +5,7 @@
 their id; the verbs find the request's current training process (the newest one whose
 ``trainingRequestRef`` names the request) themselves::
 
-    c = ProvMnSClient(url)
+    c = ProvMnSClient(url)             # token="...", ca_file="ca.pem", client_cert=("me.pem", "me.key")
     c.create(job_doc, "R1")            # a job document (TOML as dict) → PUT MLTrainingRequest=R1
     c.wait("R1"); c.report("R1"); c.download_model("R1", "model.pt")
 
@@ -19,6 +19,7 @@ Only httpx is imported here (no FastAPI, SQLAlchemy or torch).
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -73,6 +74,22 @@ def request_body(doc: dict[str, Any], request_id: str | None = None) -> dict[str
     return body
 
 
+def tls_context(ca_file: str | None = None,
+                client_cert: tuple[str, str | None] | None = None) -> ssl.SSLContext | bool:
+    """How an httpx client verifies servers: True (the system's CAs) when nothing is given, else a context
+    trusting ``ca_file`` (or the system's CAs) that presents ``client_cert`` — ``(certificate file, key
+    file)``, the key None when it is in the certificate file — to servers that ask for one (mutual TLS)."""
+    if ca_file is None and client_cert is None:
+        return True
+    try:
+        ctx = ssl.create_default_context(cafile=ca_file)
+        if client_cert is not None:
+            ctx.load_cert_chain(client_cert[0], client_cert[1])
+    except (OSError, ssl.SSLError) as exc:
+        raise SluiceError(f"cannot load the TLS files {ca_file}, {client_cert}: {exc}") from exc
+    return ctx
+
+
 def vs_of(resource: dict[str, Any], cid: str) -> Any:
     """The ``vsData`` of container ``cid`` in a resource, or None."""
     for entry in resource.get("VsDataContainer") or []:
@@ -84,7 +101,13 @@ def vs_of(resource: dict[str, Any], cid: str) -> Any:
 class ProvMnSClient:
     """One producer's ProvMnS interface (see the module docstring)."""
 
-    def __init__(self, url: str, *, timeout: float = 30.0, client: httpx.Client | None = None) -> None:
+    def __init__(self, url: str, *, timeout: float = 30.0, client: httpx.Client | None = None,
+                 token: str | None = None, ca_file: str | None = None,
+                 client_cert: tuple[str, str | None] | None = None) -> None:
+        """``token``: sent as ``Authorization: Bearer``; ``ca_file``/``client_cert``: see :func:`tls_context`
+        (all three configure the client this builds; with ``client`` give none of them)."""
+        if client is not None and (token or ca_file or client_cert):
+            raise SluiceError("give either an httpx client or token/ca_file/client_cert, not both")
         url = url.rstrip("/")
         marker = url.find("/ProvMnS/")
         if marker < 0:
@@ -97,7 +120,9 @@ class ProvMnSClient:
         self.base = url[:marker] + "/ProvMnS/" + version
         self.function = ldn
         self.subnetwork = ldn.rpartition("/")[0]
-        self.http = client or httpx.Client(timeout=timeout, trust_env=False)
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        self.http = client or httpx.Client(timeout=timeout, trust_env=False, headers=headers,
+                                           verify=tls_context(ca_file, client_cert))
 
     def close(self) -> None:
         self.http.close()

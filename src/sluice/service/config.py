@@ -8,10 +8,23 @@ directory. In a TOML file the keys sit at the top level or under a ``[service]``
     max_concurrent = 2
     [policy]                                       # how the producer decides parameters (ProducerPolicy)
     default_iterations = 50
+    [producers.east]                               # a producer that chained requests may use
+    url = "https://east.example:8443/ProvMnS/v1920/SubNetwork=SN1/MLTrainingFunction=TF1"
+    [auth]                                         # bearer tokens (sluice.service.auth)
+    tokens_file = "tokens.toml"
+    [tls]                                          # HTTPS; with client_ca, clients need a certificate it signed
+    cert = "server.pem"
+    key = "server.key"
+
+Exposure: on a loopback address (``127.0.0.1``, ``::1``, ``localhost``) anything goes. On any other address
+the service needs TLS and a way to tell callers apart (tokens, or client certificates with ``client_ca``);
+:meth:`ServiceConfig.exposure_problem` says what is missing, and ``sluice serve`` refuses to start unless
+``insecure = true`` (``--insecure``).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 from typing import Any
@@ -20,8 +33,40 @@ from pydantic import Field, field_validator
 
 from sluice.control.producer import ProducerPolicy
 from sluice.schema import Section
+from sluice.service.auth import AuthConfig
+from sluice.service.chain import ProducerEndpoint
 
 _RDN_ID = re.compile(r"^[A-Za-z0-9_.\-~:]+$")
+
+
+class TLSConfig(Section):
+    """``[tls]``: HTTPS with a certificate and its key; with ``client_ca``, mutual TLS."""
+
+    cert: str | None = Field(None, description="PEM certificate (chain) of the service")
+    key: str | None = Field(None, description="PEM private key of the certificate (default: in the cert file)")
+    client_ca: str | None = Field(None, description="PEM CA(s): clients must present a certificate they signed")
+
+    def files(self) -> list[str]:
+        """The configured files, after checking they exist and go together (:class:`ConfigError`)."""
+        from sluice.errors import ConfigError
+
+        if self.cert is None and (self.key is not None or self.client_ca is not None):
+            raise ConfigError("tls.key and tls.client_ca need tls.cert (--tls-cert)")
+        named = [f for f in (self.cert, self.key, self.client_ca) if f is not None]
+        missing = [f for f in named if not Path(f).is_file()]
+        if missing:
+            raise ConfigError(f"TLS file(s) not found: {', '.join(missing)}")
+        return named
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is ``localhost`` or a loopback IP address (127.0.0.0/8, ::1)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 class ServiceConfig(Section):
@@ -46,7 +91,21 @@ class ServiceConfig(Section):
     notify_max_attempts: int = Field(12, ge=1, description="deliveries tried before a notification is dropped")
     notify_backoff_s: float = Field(0.5, gt=0, description="first retry delay; doubles up to 60 s")
     call_timeout_s: float = Field(30.0, gt=0, description="how long a request waits for a worker's answer")
+    max_body_bytes: int = Field(1 << 20, ge=1024, description="largest request body, as sent and decoded; "
+                                "larger is refused (413, see sluice.service.limits)")
+    max_upload_bytes: int = Field(64 << 20, ge=1024, description="largest training-data upload (PATCH/PUT of "
+                                  "an MLTrainingProcess), as sent and decoded")
+    checkpoint_every: int = Field(5, ge=0, description="iterations between the checkpoints a restarted service "
+                                  "resumes a process from (0: none; the process then restarts from scratch)")
+    notify_ca_file: str | None = Field(None, description="CA file verifying https notification recipients "
+                                       "(default: the system's CAs)")
+    auth: AuthConfig = Field(default_factory=AuthConfig)
+    tls: TLSConfig = Field(default_factory=TLSConfig)
+    insecure: bool = Field(False, description="listen on a non-loopback address without TLS or authentication")
     policy: ProducerPolicy = Field(default_factory=ProducerPolicy)
+    producers: dict[str, ProducerEndpoint] = Field(
+        default_factory=dict, description="producer services a chained request (engine = \"chain\") may use, "
+                                          "by name: [producers.east] url = ..., token = ..., ca_file = ...")
 
     @field_validator("subnetwork", "training_function", "model_repository")
     @classmethod
@@ -62,6 +121,21 @@ class ServiceConfig(Section):
         if v and not v.startswith("/"):
             raise ValueError(f"a path starting with '/', or empty; got {v!r}")
         return v
+
+    def exposure_problem(self) -> str | None:
+        """Why listening on :attr:`host` would expose the service (None when it would not): a non-loopback
+        address needs TLS and tokens or client certificates, unless :attr:`insecure`."""
+        if self.insecure or is_loopback(self.host):
+            return None
+        missing = []
+        if self.tls.cert is None:
+            missing.append("TLS (--tls-cert, --tls-key)")
+        if not self.auth.enabled and self.tls.client_ca is None:
+            missing.append("authentication (--tokens-file or [auth] tokens, or --tls-client-ca)")
+        if not missing:
+            return None
+        return (f"refusing to listen on {self.host} without {' and '.join(missing)}: anyone who reaches it could "
+                "read and change every training request. Listen on 127.0.0.1, add them, or pass --insecure")
 
     @property
     def base_path(self) -> str:

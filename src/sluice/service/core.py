@@ -33,11 +33,13 @@ import time
 import uuid
 from typing import Any
 
+from sluice.config import merge_patch
 from sluice.control.params import Cause, parse_requirements, parse_termination
 from sluice.control.report import brief
 from sluice.errors import ConfigError, SluiceError
+from sluice.service.auth import Actor, inherited, may_see, tag
 from sluice.service.config import ServiceConfig
-from sluice.service.db import MOI, Artifact, Upload, make_engine, migrate
+from sluice.service.db import MOI, Artifact, Checkpoint, Upload, make_engine, migrate
 from sluice.service.nrm import (
     CM_NOTIFICATION_TYPES,
     READ_ONLY,
@@ -55,25 +57,15 @@ from sluice.service.store import Store, Tx
 from sluice.service.worker import Supervisor, WorkerGone
 
 ENDED = ("FINISHED", "FAILED", "CANCELLED")
+RESTARTABLE = ("local", "hfl", "split")
+"""Engine kinds a process of which may train again from scratch when it was interrupted before any
+checkpoint (they train here, from their configuration alone)."""
 _DUMP: dict[str, Any] = {"mode": "json", "exclude_none": True, "exclude_defaults": True}
 MAX_UPLOAD_SAMPLES = 200_000
 
 
 def _finite(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def merge_patch(base: Any, patch: Any) -> Any:
-    """RFC 7396 JSON merge patch."""
-    if not isinstance(patch, dict):
-        return patch
-    out = dict(base) if isinstance(base, dict) else {}
-    for k, v in patch.items():
-        if v is None:
-            out.pop(k, None)
-        else:
-            out[k] = merge_patch(out.get(k), v)
-    return out
 
 
 def parse_conditions(text: str) -> dict[str, Any]:
@@ -140,7 +132,7 @@ class TrainingService:
         migrate(self.db)
         self.store = Store(self.db, system_dn=ldn_to_dn(sn), href=self.href)
         self.outbox = Outbox(self.store, timeout_s=cfg.notify_timeout_s, max_attempts=cfg.notify_max_attempts,
-                             backoff_s=cfg.notify_backoff_s)
+                             backoff_s=cfg.notify_backoff_s, ca_file=cfg.notify_ca_file)
         self.supervisor = Supervisor(cfg.max_concurrent, self._pick_next, self._on_message,
                                      start_method=cfg.worker_start, call_timeout_s=cfg.call_timeout_s)
         self._last_progress: dict[str, float] = {}
@@ -170,34 +162,57 @@ class TrainingService:
         self.db.dispose()
 
     def _recover(self, tx: Tx) -> None:
-        """Processes that were starting or running when the service stopped cannot go on (their worker died
-        with it): they end FAILED with an ENGINE_FAILURE report saying so. Queued ones stay queued."""
+        """Processes that were starting or running when the service stopped lost their worker with it: they
+        go back to the queue (before anything queued later) to resume from their last checkpoint, or from
+        scratch when they have none and their engine trains here (:data:`RESTARTABLE`); one that can do
+        neither, or was being cancelled, ends (FAILED with the reason, or CANCELLED). Until its worker
+        reports again a resuming process shows ``progressStateInfo`` RESUMING and its request stays
+        IN_PROGRESS; iterations it repeats (those after the checkpoint) change nothing the consumer has
+        already seen (``internal.resume.seen``). Queued ones stay queued."""
         for row in tx.of_class("MLTrainingProcess"):
-            if row.internal.get("phase") in ("starting", "running"):
-                st = dict(row.vs_data.get("sluice-status") or {})
-                report = {"cause": Cause.ENGINE_FAILURE.value, "status": "FAILED",
-                          "detail": "the service stopped while this process trained; "
-                                    f"{st.get('iterations', 0)} iterations were done and are lost",
-                          "iterations": st.get("iterations", 0), "performance": st.get("metrics", {}),
-                          "duration_s": st.get("elapsed_s", 0.0), "model": row.internal.get("model")}
+            if row.internal.get("phase") not in ("starting", "running"):
+                continue
+            st = dict(row.vs_data.get("sluice-status") or {})
+            done = int(st.get("iterations", 0) or 0)
+            ckpt = tx.s.get(Checkpoint, row.dn)
+            kind = row.internal.get("kind")
+            if row.internal.get("cancelling") or (ckpt is None and kind not in RESTARTABLE):
+                cancelled = bool(row.internal.get("cancelling"))
+                detail = ("cancelled; the service stopped before the process ended" if cancelled else
+                          f"the service stopped while this process trained; {done} iterations were done, no "
+                          f"checkpoint was taken and a {kind} job cannot train again from scratch")
+                report = {"cause": Cause.CANCELLED.value if cancelled else Cause.ENGINE_FAILURE.value,
+                          "status": "CANCELLED" if cancelled else "FAILED", "detail": detail, "iterations": done,
+                          "performance": st.get("metrics", {}), "duration_s": st.get("elapsed_s", 0.0),
+                          "model": row.internal.get("model")}
                 self._end_process(tx, row, report, None, None)
+                continue
+            status = dict(row.attributes["progressStatus"])
+            if status.get("status") != "SUSPENDED":
+                status["progressStateInfo"] = "RESUMING"
+            resume = {"from": 0 if ckpt is None else ckpt.iteration, "seen": done}
+            self._set_process(tx, row, attrs={"progressStatus": status},
+                              internal={"phase": "queued", "resume": resume,
+                                        "restarts": int(row.internal.get("restarts", 0)) + 1})
 
     # ------------------------------------------------------------------ reads
-    def get(self, ldn: str) -> MOI:
+    def get(self, ldn: str, actor: Actor | None = None) -> MOI:
+        """The MOI at ``ldn``; 404 when there is none or ``actor`` may not see it (None: no restriction)."""
         row = self.store.get(ldn)
-        if row is None:
+        if row is None or not may_see(actor, row.internal.get("owner"), row.object_class):
             raise MnSError(404, f"no managed object {ldn_to_dn(ldn)}", bad_objects=[ldn_to_dn(ldn)])
         return row
 
-    def subtree(self, ldn: str, level: int | None) -> list[MOI]:
-        """MOIs below ``ldn`` down to ``level`` levels (None: all), in creation order."""
+    def subtree(self, ldn: str, level: int | None, actor: Actor | None = None) -> list[MOI]:
+        """MOIs below ``ldn`` down to ``level`` levels (None: all) that ``actor`` may see, in creation order."""
         import sqlalchemy as sa
 
         with self.store.read() as s:
             rows = list(s.scalars(sa.select(MOI).where(MOI.dn.like(ldn.replace("%", r"\%") + "/%", escape="\\"))
                                   .order_by(MOI.seq)))
         base = ldn.count("/")
-        return [r for r in rows if level is None or r.dn.count("/") - base <= level]
+        return [r for r in rows if (level is None or r.dn.count("/") - base <= level)
+                and may_see(actor, r.internal.get("owner"), r.object_class)]
 
     def artifact(self, model_ldn: str) -> Artifact:
         with self.store.read() as s:
@@ -225,6 +240,8 @@ class TrainingService:
             if k in job:
                 raise MnSError(400, f"{k} go in the VsDataContainer sluice-{k}, not in sluice-job",
                                bad_attributes=["VsDataContainer/sluice-job"])
+        if kind == "chain":
+            self._check_chain(job)
         req = vs.get("sluice-requirements")
         if req is not None and not isinstance(req, dict):
             raise MnSError(400, "sluice-requirements vsData must be an object",
@@ -287,6 +304,18 @@ class TrainingService:
             "decided_by": decided,
         }
 
+    def _check_chain(self, job: dict[str, Any]) -> None:
+        """A chained job names producers of this service's configuration and never their endpoints."""
+        if "endpoints" in job:
+            raise MnSError(400, "a chained job names its producers only; where they are is the service's "
+                           "configuration", bad_attributes=["VsDataContainer/sluice-job"])
+        names = job.get("producers")
+        unknown = [n for n in names if n not in self.cfg.producers] if isinstance(names, list) else []
+        if unknown:
+            known = ", ".join(self.cfg.producers) or "none configured"
+            raise MnSError(400, f"unknown producer(s) {', '.join(map(str, unknown))}; this service knows: {known}",
+                           bad_attributes=["VsDataContainer/sluice-job"])
+
     def _check_attrs(self, cls: str, attrs: Any, *, old: dict[str, Any] | None = None) -> dict[str, Any]:
         if not isinstance(attrs, dict):
             raise MnSError(400, "attributes must be an object", bad_attributes=["attributes"])
@@ -302,17 +331,18 @@ class TrainingService:
                 raise MnSError(400, f"{k} must be true or false", bad_attributes=[k])
         return {k: v for k, v in attrs.items() if k not in READ_ONLY[cls]}
 
-    def put_request(self, ldn: str, body: dict[str, Any]) -> tuple[MOI, bool]:
-        """Create (True) or replace (False) the request at ``ldn``."""
+    def put_request(self, ldn: str, body: dict[str, Any], actor: Actor | None = None) -> tuple[MOI, bool]:
+        """Create (True, owned by ``actor``) or replace (False; 404 when ``actor`` may not see it) the request."""
         if self.store.get(ldn) is None:
-            return self.create_request(ldn, body), True
+            return self.create_request(ldn, body, actor), True
+        self.get(ldn, actor)
         return self.modify_request(ldn, body.get("attributes") or {}, read_vs(body, "MLTrainingRequest"),
                                    replace=True), False
 
     def new_request_id(self) -> str:
         return f"R{uuid.uuid4().hex[:12]}"
 
-    def create_request(self, ldn: str, body: dict[str, Any]) -> MOI:
+    def create_request(self, ldn: str, body: dict[str, Any], actor: Actor | None = None) -> MOI:
         check_id(id_of(ldn))
         attrs = self._check_attrs("MLTrainingRequest", body.get("attributes") or {})
         vs = read_vs(body, "MLTrainingRequest")
@@ -323,7 +353,7 @@ class TrainingService:
         with self.store.write() as tx:
             if tx.get(ldn) is not None:
                 raise MnSError(409, f"{ldn_to_dn(ldn)} exists")
-            req = tx.create(ldn, "MLTrainingRequest", attrs, vs, {"processes": [], "job": job})
+            req = tx.create(ldn, "MLTrainingRequest", attrs, vs, {"processes": [], "job": job, **tag(actor)})
             proc = self._new_process(tx, req, job, trigger="CONSUMER_REQUEST", suspended=attrs["suspendRequest"])
             if attrs["cancelRequest"]:
                 self._cancel_pending(tx, proc)
@@ -371,6 +401,9 @@ class TrainingService:
                      model: dict[str, Any] | None = None, last_report: str | None = None) -> MOI:
         n = len(req.internal.get("processes", [])) + 1
         pid = safe_id(f"{id_of(req.dn)}-{n}")
+        while tx.get(f"{self.tf}/MLTrainingProcess={pid}") is not None:  # kept from a deleted request of this id
+            n += 1
+            pid = safe_id(f"{id_of(req.dn)}-{n}")
         ldn = f"{self.tf}/MLTrainingProcess={pid}"
         model = model or job["model"]
         decided = job["decided_by"]
@@ -401,7 +434,8 @@ class TrainingService:
             vs["sluice-requirements"] = job["requirements"]
         internal = {"phase": phase, "request": req.dn, "kind": job["kind"], "raw": job["raw"], "model": model,
                     "trigger": trigger, "termination": termination, "requirements": job["requirements"],
-                    "suspended": bool(suspended), "queued_at": time.time(), "last_report": last_report}
+                    "suspended": bool(suspended), "queued_at": time.time(), "last_report": last_report,
+                    **inherited(req.internal)}
         proc = tx.create(ldn, "MLTrainingProcess", attrs, vs, internal)
         ri = dict(req.internal)
         ri["processes"] = [*ri.get("processes", []), ldn]
@@ -422,7 +456,9 @@ class TrainingService:
         if i.get("cancelling"):
             return "CANCELLING"
         if phase in ("proposed", "queued", "starting"):
-            return "SUSPENDED" if i.get("suspended") else "NOT_STARTED"
+            if i.get("suspended"):
+                return "SUSPENDED"
+            return "IN_PROGRESS" if i.get("resume") else "NOT_STARTED"
         return "SUSPENDED" if st == "SUSPENDED" else "IN_PROGRESS"
 
     def _sync_request(self, tx: Tx, proc: MOI) -> None:
@@ -620,8 +656,9 @@ class TrainingService:
                                "proposal first", bad_attributes=["suspendProcess"])
             if phase in ("queued",):
                 status = dict(proc.attributes["progressStatus"])
-                status.update(status="SUSPENDED" if on else "NOT_STARTED",
-                              progressStateInfo="SUSPENDED" if on else "QUEUED")
+                resuming = bool(proc.internal.get("resume"))  # it trained before the service restarted
+                status.update(status="SUSPENDED" if on else ("RUNNING" if resuming else "NOT_STARTED"),
+                              progressStateInfo="SUSPENDED" if on else ("RESUMING" if resuming else "QUEUED"))
                 self._set_process(tx, proc, attrs={"suspendProcess": on, "progressStatus": status},
                                   internal={"suspended": on})
                 req = tx.get(proc.internal["request"])
@@ -796,14 +833,17 @@ class TrainingService:
         an ended one is retrained with it (updated training data, T7): a new process, the next version."""
         data = self._check_data(data)
         proc = self.get(proc_ldn)
+        want, width = self._request_features(proc), len(data["X"][0])
+        if want is not None and width != want:
+            raise MnSError(400, f"sluice-data X has {width} features per sample; the training data this request "
+                           f"took has {want}", bad_attributes=["VsDataContainer/sluice-data/X"])
         phase = proc.internal.get("phase")
         if phase == "ended":
             if proc.internal.get("kind") == "split":
                 raise MnSError(400, "split training takes no added data",
                                bad_attributes=["VsDataContainer/sluice-data"])
-            with self.store.write() as tx:
-                self._store_upload(tx, proc, data)
-            self._retrain(proc.internal["request"], "DATA_UPDATED", "training data updated: retraining")
+            self._retrain(proc.internal["request"], "DATA_UPDATED", "training data updated: retraining",
+                          upload=(proc_ldn, data))
             return self.get(proc_ldn)
         if phase in ("starting", "running"):
             self._call(proc, {"cmd": "data", "data": data}, "VsDataContainer/sluice-data")
@@ -813,12 +853,24 @@ class TrainingService:
             self._store_upload(tx, p, data)
         return self.get(proc_ldn)
 
+    def _request_features(self, proc: MOI) -> int | None:
+        """Features per sample of the data the request of ``proc`` took so far (``sluice-data.features`` of
+        its processes, the latest first), or None before its first accepted upload."""
+        req = self.store.get(proc.internal.get("request", ""))
+        for ldn in reversed(req.internal.get("processes", []) if req is not None else [proc.dn]):
+            row = proc if ldn == proc.dn else self.store.get(ldn)
+            features = ((row.vs_data.get("sluice-data") or {}) if row is not None else {}).get("features")
+            if isinstance(features, int):
+                return features
+        return None
+
     def _store_upload(self, tx: Tx, proc: MOI, data: dict[str, Any]) -> None:
         tx.s.add(Upload(request_dn=proc.internal["request"], process_dn=proc.dn, payload=data,
                         samples=len(data["X"]), created_at=time.time()))
         st = dict(proc.vs_data.get("sluice-data") or {"uploads": 0, "samples": 0})
         st["uploads"] = int(st.get("uploads", 0)) + 1
         st["samples"] = int(st.get("samples", 0)) + len(data["X"])
+        st["features"] = len(data["X"][0])
         st["last"] = now_iso()
         self._set_process(tx, proc, vs={"sluice-data": st})
 
@@ -855,16 +907,25 @@ class TrainingService:
             tx.update(r, vs_data={**r.vs_data, "sluice-trigger": {"trigger": "CONSUMER_FEEDBACK", **answer,
                                                                   "at": now_iso()}})
 
-    def _retrain(self, req_ldn: str, trigger: str, why: str) -> None:
+    def _retrain(self, req_ldn: str, trigger: str, why: str,
+                 upload: tuple[str, dict[str, Any]] | None = None) -> None:
+        """A new process of the request, the next model version; ``upload`` (process LDN, data) is stored in
+        the same transaction, so a refusal (409) leaves everything as it was."""
         from sluice.control.params import parse_model
 
         with self.store.write() as tx:
             req = tx.get(req_ldn)
-            assert req is not None
+            if req is None:
+                raise MnSError(409, f"the request {ldn_to_dn(req_ldn)} was deleted; nothing retrains",
+                               bad_objects=[ldn_to_dn(req_ldn)])
             last = tx.get(req.internal["current"])
             assert last is not None
             if last.internal.get("phase") != "ended":
                 raise MnSError(409, "the request is still training; retraining starts once it ends")
+            if upload is not None:
+                target = tx.get(upload[0])
+                assert target is not None
+                self._store_upload(tx, target, upload[1])
             model = parse_model(last.internal["model"]).next_version().model_dump(mode="json")
             job = dict(req.internal["job"])
             job["termination"] = last.internal.get("termination")
@@ -893,8 +954,11 @@ class TrainingService:
                 tx.delete(cur)
 
     # ------------------------------------------------------------------ subscriptions
-    def put_subscription(self, ldn: str, body: dict[str, Any]) -> tuple[MOI, bool]:
+    def put_subscription(self, ldn: str, body: dict[str, Any], actor: Actor | None = None) -> tuple[MOI, bool]:
+        """Create (owned by ``actor``) or replace (404 when ``actor`` may not see it) a subscription."""
         check_id(id_of(ldn))
+        if self.store.get(ldn) is not None:
+            self.get(ldn, actor)
         attrs = self._check_attrs("NtfSubscriptionControl", body.get("attributes") or {})
         read_vs(body, "NtfSubscriptionControl")
         addr = attrs.get("notificationRecipientAddress")
@@ -916,7 +980,7 @@ class TrainingService:
         with self.outbox.send_lock, self.store.write() as tx:
             cur = tx.get(ldn)
             if cur is None:
-                return tx.create(ldn, "NtfSubscriptionControl", attrs), True
+                return tx.create(ldn, "NtfSubscriptionControl", attrs, None, tag(actor)), True
             tx.update(cur, attributes=attrs)
             return cur, False
 
@@ -946,15 +1010,32 @@ class TrainingService:
             self._set_process(tx, proc, attrs={"progressStatus": status}, internal={"phase": "starting",
                                                                                      "started_at": time.time()})
             i = proc.internal
-            return {"process": proc.dn, "kind": i["kind"], "raw": {**i["raw"], "model": {
-                        **(i["raw"].get("model") or {}), **{k: v for k, v in i["model"].items() if v is not None}}},
+            resume = None
+            ckpt = tx.s.get(Checkpoint, proc.dn) if i.get("resume") else None
+            if ckpt is not None:
+                resume = {"iteration": ckpt.iteration, "engine": ckpt.engine_state, "process": ckpt.process_state}
+            raw = {**i["raw"], "model": {**(i["raw"].get("model") or {}),
+                                         **{k: v for k, v in i["model"].items() if v is not None}}}
+            if i["kind"] == "chain":
+                raw["endpoints"] = {n: self.cfg.producers[n].model_dump() for n in raw.get("producers", [])
+                                    if n in self.cfg.producers}
+            return {"process": proc.dn, "kind": i["kind"], "raw": raw,
                     "termination": i.get("termination"), "requirements": i.get("requirements"),
                     "uploads": uploads, "progress_interval_s": self.cfg.progress_interval_s,
+                    "checkpoint_every": self.cfg.checkpoint_every, "resume": resume,
                     "work_dir": None if self.cfg.work_dir is None else f"{self.cfg.work_dir}/{id_of(proc.dn)}"}
 
     # ------------------------------------------------------------------ worker messages
     def _on_message(self, ldn: str, msg: dict[str, Any]) -> None:
         kind = msg.get("kind")
+        if kind == "checkpoint":
+            with self.store.write() as tx:
+                proc = tx.get(ldn)
+                if proc is None or proc.internal.get("phase") == "ended":
+                    return
+                tx.s.merge(Checkpoint(process_dn=ldn, iteration=int(msg["iteration"]), engine_state=msg["engine"],
+                                      process_state=msg["process"], created_at=time.time()))
+            return
         if kind == "progress":
             now = time.monotonic()
             status = msg["status"]
@@ -962,6 +1043,8 @@ class TrainingService:
             with self.store.write() as tx:
                 proc = tx.get(ldn)
                 if proc is None or proc.internal.get("phase") == "ended":
+                    return
+                if self._repeated(proc, status):
                     return
                 old_pct = proc.attributes["progressStatus"].get("progressPercentage")
                 if pct == old_pct and now - self._last_progress.get(ldn, 0.0) < self.cfg.progress_interval_s:
@@ -1001,7 +1084,18 @@ class TrainingService:
                 self._end_process(tx, proc, report, msg.get("model"), msg.get("model_name"), refused=refused)
             self._last_progress.pop(ldn, None)
 
+    @staticmethod
+    def _repeated(proc: MOI, st: dict[str, Any]) -> bool:
+        """Whether status ``st`` of a resumed process is of an iteration it repeats (one already reported
+        before the service stopped)."""
+        seen = (proc.internal.get("resume") or {}).get("seen", 0)
+        return bool(seen) and int(st.get("iterations") or 0) <= seen
+
     def _apply_status(self, tx: Tx, proc: MOI, st: dict[str, Any], interim: dict[str, Any] | None = None) -> None:
+        if self._repeated(proc, st):  # a resumed process: the state changes, the progress seen stays
+            old = proc.vs_data.get("sluice-status") or {}
+            st = {**st, **{k: old[k] for k in ("iterations", "elapsed_s", "metrics") if k in old},
+                  "progressPercentage": proc.attributes["progressStatus"].get("progressPercentage")}
         state = st.get("status", "RUNNING")
         i: dict[str, Any] = {}
         if proc.internal.get("phase") == "starting" and state not in ("NOT_STARTED",):
@@ -1047,7 +1141,7 @@ class TrainingService:
                 "engine": proc.internal.get("kind"), "file": model_name or "model.pt", "bytes": len(model_bytes),
                 "sha256": digest, "mediaType": "application/octet-stream",
                 "download": "GET this resource with Accept: application/octet-stream",
-                "trainingReportRef": ldn_to_dn(rep_ldn), "type": ident.get("type")}})
+                "trainingReportRef": ldn_to_dn(rep_ldn), "type": ident.get("type")}}, inherited(proc.internal))
             tx.s.add(Artifact(dn=model_ldn, content=model_bytes, sha256=digest, size=len(model_bytes)))
         perf = {k: v for k, v in (report.get("performance") or {}).items() if _finite(v)}
         rattrs: dict[str, Any] = {
@@ -1069,7 +1163,7 @@ class TrainingService:
         vs_report = {k: v for k, v in report.items() if k != "model_path"}
         vs_report["refused"] = refused
         if tx.get(rep_ldn) is None:
-            tx.create(rep_ldn, "MLTrainingReport", rattrs, {"sluice-report": vs_report})
+            tx.create(rep_ldn, "MLTrainingReport", rattrs, {"sluice-report": vs_report}, inherited(proc.internal))
         status = report.get("status", "FAILED")
         if status not in ENDED:
             status = "FAILED"
@@ -1091,6 +1185,9 @@ class TrainingService:
                   bytes_down=report.get("bytes_down", st.get("bytes_down", 0)))
         self._set_process(tx, proc, attrs=attrs, vs={"sluice-status": st},
                           internal={"phase": "ended", "refused": refused, "ended_at": time.time()})
+        ckpt = tx.s.get(Checkpoint, proc.dn)
+        if ckpt is not None:
+            tx.s.delete(ckpt)
 
     @staticmethod
     def _train_ratio(proc: MOI) -> int | None:

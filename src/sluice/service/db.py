@@ -10,7 +10,8 @@ Tables (created only by the migrations in ``sluice/service/migrations``):
   transaction as the change it reports; its autoincrement id is the ``notificationId`` (never reused:
   SQLite ``AUTOINCREMENT``, a sequence elsewhere);
 * ``artifact`` — the bytes of each trained model, by the model's LDN;
-* ``upload`` — training data a consumer sent, kept until a process has taken it.
+* ``upload`` — training data a consumer sent, kept until a process has taken it;
+* ``checkpoint`` — the last checkpoint of each running training process (engine and process state).
 """
 
 from __future__ import annotations
@@ -85,7 +86,9 @@ class Upload(Base):
 
 
 def make_engine(url: str) -> sa.Engine:
-    """An engine for ``url``; SQLite gets WAL, a busy timeout and cross-thread connections."""
+    """An engine for ``url``; SQLite gets WAL, a busy timeout and cross-thread connections. PostgreSQL URLs
+    (``postgresql://`` or ``postgresql+psycopg://``) use psycopg 3 (extra ``service``); a throwaway server
+    for tests and benchmarks is :func:`sluice.service.pgserver.running_postgres`."""
     if url.startswith("sqlite"):
         eng = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
@@ -119,3 +122,18 @@ def migrate(engine: sa.Engine, revision: str = "head") -> None:
     with engine.begin() as conn:
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)
+
+
+class Checkpoint(Base):
+    """The last checkpoint of a running training process (by the process's LDN): the engine's state
+    (``engine.checkpoint()``) and the process's own (:meth:`sluice.control.TrainingProcess.checkpoint`, as
+    JSON), taken after iteration ``iteration``. A restarted service resumes the process from it; the row
+    is removed when the process ends."""
+
+    __tablename__ = "checkpoint"
+
+    process_dn: Mapped[str] = mapped_column(sa.String(1000), primary_key=True)
+    iteration: Mapped[int] = mapped_column(sa.Integer)
+    engine_state: Mapped[bytes] = mapped_column(sa.LargeBinary)
+    process_state: Mapped[bytes] = mapped_column(sa.LargeBinary)
+    created_at: Mapped[float] = mapped_column(sa.Float)

@@ -80,7 +80,8 @@ STATUS_TYPE = {400: "VALIDATION_ERROR", 404: "IE_NOT_FOUND", 405: "APPLICATION_L
                406: "APPLICATION_LAYER_ERROR", 409: "APPLICATION_LAYER_ERROR", 413: "SERVER_LIMITATION",
                415: "APPLICATION_LAYER_ERROR", 422: "SERVER_LIMITATION", 500: "APPLICATION_LAYER_ERROR",
                503: "APPLICATION_LAYER_ERROR", 504: "APPLICATION_LAYER_ERROR"}
-TITLES = {400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 406: "Not Acceptable",
+TITLES = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed",
+          406: "Not Acceptable",
           409: "Conflict", 413: "Payload Too Large", 415: "Unsupported Media Type", 422: "Unprocessable Entity",
           500: "Internal Server Error", 503: "Service Unavailable", 504: "Gateway Timeout"}
 

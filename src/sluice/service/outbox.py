@@ -5,10 +5,18 @@ one fails (no 2xx answer, or no answer within the timeout) it is retried with ex
 (``notify_backoff_s`` doubling up to 60 s) and that subscriber's later notifications wait for it; after
 ``notify_max_attempts`` it is dropped (kept in the table, marked ``dropped``) so one dead subscriber cannot
 block forever. Other subscribers are not held up. The ``notificationId`` is the outbox row id, added to
-the stored payload when it is sent.
+the stored payload when it is sent; ids commit in increasing order (:class:`sluice.service.store.Store`
+serialises writers, across processes too on PostgreSQL), so reading committed rows by id never skips one
+that commits later with a smaller id.
 
 :attr:`Outbox.send_lock` is held while a POST is in flight; deleting a subscription takes it too, so no
 notification reaches a subscriber after its ``DELETE`` answered.
+
+Across restarts delivery is at least once, and at most one notification per subscriber is sent twice: a
+row is marked delivered in the transaction after its POST answered, so a service killed between the two
+sends that one notification again when it restarts (before any later one: the order holds). Nothing else
+is repeated, no committed notification is lost, and ids keep increasing. The repeated notification carries
+the same ``notificationId``: a subscriber that remembers the last id it took discards it.
 """
 
 from __future__ import annotations
@@ -26,8 +34,10 @@ from sluice.service.store import Store
 
 class Outbox:
     def __init__(self, store: Store, *, timeout_s: float = 5.0, max_attempts: int = 12,
-                 backoff_s: float = 0.5) -> None:
+                 backoff_s: float = 0.5, ca_file: str | None = None) -> None:
+        """``ca_file``: CA certificates that verify https recipients (default: the system's)."""
         self.store = store
+        self.ca_file = ca_file
         self.timeout_s = timeout_s
         self.max_attempts = max_attempts
         self.backoff_s = backoff_s
@@ -39,7 +49,9 @@ class Outbox:
     def start(self) -> Outbox:
         import httpx
 
-        self._client = httpx.Client(timeout=self.timeout_s, trust_env=False)
+        from sluice.service.client import tls_context
+
+        self._client = httpx.Client(timeout=self.timeout_s, trust_env=False, verify=tls_context(self.ca_file))
         self._thread.start()
         return self
 

@@ -7,13 +7,21 @@ sampler), and talks to the web server over one :class:`multiprocessing.connectio
 
 * worker → server: ``state`` (every change of state, with the live ``progress_status`` and the interim or
   final report), ``progress`` (after an iteration; at most every ``progress_interval_s`` unless the whole
-  percent changed), ``ack`` (the answer to a command that can be refused), ``done`` (the report and the
-  saved model's bytes) and ``failed`` (the job could not be built or started);
+  percent changed), ``ack`` (the answer to a command that can be refused), ``checkpoint`` (every
+  ``checkpoint_every`` iterations: the engine's ``checkpoint()`` bytes and the process's
+  :meth:`~sluice.control.TrainingProcess.checkpoint` as JSON bytes), ``done`` (the report and the saved
+  model's bytes) and ``failed`` (the job could not be built, started or resumed);
 * server → worker: ``cancel``, ``suspend``, ``resume``, ``update`` (termination parameters or
   requirements, from the next iteration) and ``data`` (training data, checked by the engine's
   ``check_data`` before it is queued; the ``ack`` carries the refusal).
 
 A worker whose server goes away (the connection closes) cancels its training and exits.
+
+A spec with ``resume`` (the last checkpoint of a process interrupted by a stopped service) restores the
+engine and the process from it before training, and hands the engine only the uploads it had not taken
+yet (the first ``data_taken`` of them are in the checkpoint); training then goes on from the checkpoint's
+iteration exactly as it would have. A checkpoint that cannot be restored fails the process with the
+reason.
 
 :class:`Supervisor` starts at most ``max_concurrent`` workers; which queued process runs next is the
 service's choice (``pick_next``: highest ``priority`` first). Workers start from a forkserver that has
@@ -23,6 +31,7 @@ torch and the engines preloaded (``worker_start = "forkserver"``), or by spawnin
 from __future__ import annotations
 
 import itertools
+import json
 import multiprocessing
 import os
 import tempfile
@@ -100,14 +109,36 @@ def worker_main(spec: dict[str, Any], conn: Connection) -> None:
             send({"kind": "state", "state": state.value, "status": proc.progress_status(),
                   "report": None if report is None else report.to_json()})
 
+        def on_checkpoint(proc: Any) -> None:
+            send({"kind": "checkpoint", "iteration": proc.n, "engine": engine.checkpoint(),
+                  "process": json.dumps(proc.checkpoint()).encode()})
+
+        every = int(spec.get("checkpoint_every", 0)) if getattr(
+            engine, "can_checkpoint", hasattr(engine, "checkpoint")) else 0
         proc = TrainingProcess(engine, termination, requirements, job.model, on_event=on_event, on_state=on_state,
-                               save_path=work / "model.pt", sampler=ResourceSampler())
-        for item in spec.get("uploads", []):
-            proc.add_data(engine_data(kind, item))
+                               save_path=work / "model.pt", sampler=ResourceSampler(), checkpoint_every=every,
+                               on_checkpoint=on_checkpoint)
+        uploads = list(spec.get("uploads", []))
     except Exception as exc:  # noqa: BLE001 - reported to the service as a refusal with its reason
         send({"kind": "failed", "error": f"{type(exc).__name__}: {exc}", "before_training": True})
         conn.close()
         return
+    resume = spec.get("resume")
+    if resume is not None:
+        try:
+            if not hasattr(engine, "restore"):
+                raise TypeError(f"the {kind} engine cannot restore a checkpoint")
+            engine.start()
+            engine.restore(resume["engine"])
+            proc.restore(json.loads(resume["process"]))
+            uploads = uploads[proc.data_taken:]
+        except Exception as exc:  # noqa: BLE001 - the process fails with the reason
+            send({"kind": "failed", "before_training": False, "error": "could not resume from the checkpoint of "
+                  f"iteration {resume.get('iteration')}: {type(exc).__name__}: {exc}"})
+            conn.close()
+            return
+    for item in uploads:
+        proc.add_data(engine_data(kind, item))
 
     def reader() -> None:
         while True:

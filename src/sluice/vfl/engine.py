@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from sluice.data.scenarios import SCENARIO_NAMES
 from sluice.engine import IterationEvent
 from sluice.errors import ConfigError, TrainingError
 from sluice.metrics import MetricSpec, declare
@@ -91,6 +92,7 @@ class SplitEngine:
         self.follower_hook = follower_hook
         self._steps = steps
         self._task: Task | None = None
+        self._scenario_specs: list[MetricSpec] | None = None
         self.leader: Leader | None = None
         self.followers: list[Follower] = []
         self.records: list[Record] = []
@@ -105,9 +107,28 @@ class SplitEngine:
         self._stopped = False
         self._old_switch: float | None = None
         self._t0 = 0.0
+        self._resume: dict[str, Any] | None = None
 
     # -- what the control plane asks ---------------------------------------------------------------
-    metrics: dict[str, MetricSpec] = declare(METRICS, [MetricSpec("idle_leader_s", False, 0.0)])
+    @property
+    def metrics(self) -> dict[str, MetricSpec]:
+        """:data:`METRICS`, ``idle_leader_s`` and, on a scenario, its type-specific errors."""
+        return declare(METRICS, [MetricSpec("idle_leader_s", False, 0.0), *self.scenario_metrics()])
+
+    def scenario_metrics(self) -> list[MetricSpec]:
+        """The specs of the type-specific errors the leader evaluates (none off a scenario)."""
+        if self.cfg.data.dataset not in SCENARIO_NAMES:
+            return []
+        if self._scenario_specs is not None:
+            return self._scenario_specs
+        from sluice.data.federated import specs_of
+        from sluice.data.scenarios import get_spec
+
+        task = self.task
+        specs = specs_of(task.table.metric_fns(task.test_ids), get_spec(self.cfg.data.dataset).metric_specs)
+        self._scenario_specs = list(specs)
+        return self._scenario_specs
+
     counts_bytes = True
 
     @property
@@ -175,6 +196,8 @@ class SplitEngine:
         try:
             links = self._links(task)
             self.leader = Leader(cfg, links, task)
+            if self._resume is not None:
+                self.leader.on_negotiated = self._load_resume
             if self._limit is not None:
                 self.leader.limit_samples(self._limit)
             if self._layers is not None:
@@ -254,6 +277,7 @@ class SplitEngine:
         if not math.isfinite(rec["loss"]):
             anomaly, detail = "DIVERGED", f"the training loss of step {s} is {rec['loss']}"
         metrics.update({k: rec[k] for k in METRICS if k in rec and k.startswith("test_")})
+        metrics.update({s.name: rec[s.name] for s in self.scenario_metrics() if s.name in rec})
         metrics["idle_leader_s"] = rec["idle_s"]["leader"]
         return IterationEvent(
             iteration=s, metrics=metrics, bytes_up=rec["bytes_up"], bytes_down=rec["bytes_down"],
@@ -311,6 +335,74 @@ class SplitEngine:
             "split training fixes its samples when the parties negotiate the task; start a new task "
             "with the added samples instead"
         )
+
+    # -- checkpoints ---------------------------------------------------------------------------------
+    @property
+    def can_checkpoint(self) -> bool:
+        """Whether :meth:`checkpoint` can hold every party's state: only when every follower runs in this
+        process (followers in other processes or hosts keep theirs)."""
+        return self.cfg.transport.kind == "inproc" and self.connect is None
+
+    def checkpoint(self) -> bytes:
+        """Every party's weights and optimizer state and the next step (:func:`sluice.hfl.state.pack`),
+        taken between steps: the followers' reports of the last step have arrived, so their optimizer step
+        is done, and nothing of the next step has changed a weight yet."""
+        from sluice.hfl.state import pack
+        from sluice.models.state import module_tree, optimizer_tree
+
+        if not self.can_checkpoint:
+            raise TrainingError("split checkpoints need every follower in this process (transport.kind = "
+                                "\"inproc\"); followers elsewhere keep their own state")
+        leader = self.leader
+        if leader is None or not leader.started:
+            raise TrainingError("nothing to checkpoint: no step has run")
+        parts = {"leader.top": module_tree(leader.top)}
+        if leader.bottom is not None:
+            parts["leader.bottom"] = module_tree(leader.bottom)
+        optimizers = {"leader": optimizer_tree(leader.opt)}
+        for f in self.followers:
+            assert f.model is not None
+            parts[f.proposal["part"]] = module_tree(f.model)
+            optimizers[f.name] = optimizer_tree(f.opt)
+        return pack({"kind": "split-engine", "step": leader.step_no, "parts": parts, "optimizers": optimizers,
+                     "limit": self._limit, "layers": self._layers})
+
+    def restore(self, buf: bytes) -> None:
+        """Go on from a :meth:`checkpoint` of an engine with the same configuration: the parties negotiate
+        the same task again, load their state before they start, and the steps that follow are those the
+        checkpointed engine would have run."""
+        from sluice.hfl.state import field, unpack
+
+        if self.leader is not None:
+            raise TrainingError("a checkpoint is restored before the engine starts")
+        if not self.can_checkpoint:
+            raise TrainingError("split checkpoints need every follower in this process")
+        step, parts, optimizers, limit, layers = field(unpack(buf), "split-engine", "step", "parts", "optimizers",
+                                                       "limit", "layers")
+        self._resume = {"step": int(step), "parts": parts, "optimizers": optimizers}
+        if limit is not None:
+            self.limit_samples(int(limit))
+        if layers is not None:
+            self.set_trainable_layers(int(layers))
+
+    def _load_resume(self) -> None:
+        """Load the checkpoint into every party (called by the leader once the followers accepted)."""
+        from sluice.models.state import load_module_tree, load_optimizer_tree
+
+        leader, state = self.leader, self._resume
+        assert leader is not None and state is not None
+        parts, optimizers = state["parts"], state["optimizers"]
+        mine = {"leader.top": leader.top, **({"leader.bottom": leader.bottom} if leader.bottom is not None else {})}
+        mine.update({f.proposal["part"]: f.model for f in self.followers})
+        if set(parts) != set(mine):
+            raise TrainingError(f"the checkpoint holds parts {sorted(parts)}, this task {sorted(mine)}")
+        for name, module in mine.items():
+            load_module_tree(module, parts[name])
+        load_optimizer_tree(leader.opt, optimizers["leader"])
+        for f in self.followers:
+            load_optimizer_tree(f.opt, optimizers[f.name])
+        leader.step_no = state["step"]
+        self._resume = None
 
     def save(self, path: str) -> str:
         """Save the weights of every part this process holds (the leader's, and those of in-process
@@ -376,6 +468,7 @@ class SplitEngine:
             "final_test_loss": last.get("test_loss"),
             "final_test_accuracy": last.get("test_accuracy"),
             "final_test_auc": last.get("test_auc"),
+            **{f"final_{s.name}": last.get(s.name) for s in self.scenario_metrics()},
             "mean_step_time_s": mean([r["step_time_s"] for r in steady]),
             "mean_idle_s": {p: mean([r["idle_s"][p] for r in steady]) for p in parties},
             "mean_op_s": op_means,

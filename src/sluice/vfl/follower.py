@@ -70,6 +70,7 @@ class Follower(Worker):
         self.model: torch.nn.Module | None = None
         self.proposal: dict[str, Any] = {}
         self.steps_done = 0
+        self.first_step = 0
         self.saved: dict[int, Any] = {}
 
     # -- negotiation -----------------------------------------------------------------------------
@@ -138,6 +139,7 @@ class Follower(Worker):
                 msg, _, _ = q.popleft()
                 if msg.type == "start":
                     self.groups = int(msg.body["groups"])
+                    self.first_step = int(msg.body.get("first_step", 0))
                     return
                 if msg.type == "stop":
                     raise Stopped
@@ -259,8 +261,9 @@ class Follower(Worker):
             self.send_tensor("leader", s, 0, eval_tag(fwd.sends), self.model(x))
 
     def train(self) -> None:
-        """The planned steps, then more when the leader extends the task; ends by :class:`Stopped`."""
-        s = 0
+        """The planned steps from ``first_step`` on (0, or where a resumed task goes on), then more when the
+        leader extends the task; ends by :class:`Stopped`."""
+        s = self.first_step
         while True:
             while s < self.steps:
                 if self.stop_requested:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -71,6 +72,9 @@ class Leader(Worker):
         self.proposed = False
         self.started = False
         self.step_no = 0
+        self.on_negotiated: Callable[[], None] | None = None
+        """Called once the followers accepted and G is chosen, before they start (a resumed task loads
+        every part's state there and sets :attr:`step_no`)."""
         self._pending: dict[int, dict[str, Any]] = {}
         self._reports: dict[int, dict[str, tuple[dict[str, Any], int, float]]] = {}
         self._t_end: float | None = None
@@ -84,6 +88,7 @@ class Leader(Worker):
         assert data.y_train is not None and data.y_test is not None
         self.y = torch.from_numpy(data.y_train)
         self.y_test = data.y_test
+        self.metric_fns = t.table.metric_fns(t.test_ids)
         self.plan = BatchPlan(len(t.train_ids), t.hparams["batch_size"], self.cfg.seed)
 
     def limit_samples(self, n: int) -> None:
@@ -245,8 +250,10 @@ class Leader(Worker):
             self.groups = int(g)
         if self.bottom is not None:
             check_exact(self.bottom, "leader.bottom", self.groups, self.cfg.model.allow_batch_coupled)
+        if self.on_negotiated is not None:
+            self.on_negotiated()
         for name in self.followers:
-            self.send_control(name, "start", {"groups": self.groups})
+            self.send_control(name, "start", {"groups": self.groups, "first_step": self.step_no})
         self.started = True
         self._t_end = time.perf_counter()
         self.setup_bytes_down = self.setup_sent
@@ -309,8 +316,9 @@ class Leader(Worker):
     def run_step(self) -> int:
         """Run the leader's part of the next step (the record is finished when reports arrive)."""
         s = self.step_no
-        if s >= self.steps:  # past the plan: extend the task by an epoch
-            self.steps += self.plan.per_epoch
+        if s >= self.steps:  # past the plan: extend the task by whole epochs
+            while s >= self.steps:
+                self.steps += self.plan.per_epoch
             for name in self.followers:
                 self.send_control(name, "extend", {"steps": self.steps})
         self.reset_counters()
@@ -360,7 +368,10 @@ class Leader(Worker):
                     self.wait_keys(keys, f"evaluation data of step {s}")
                     inputs += [self.store.pop(k) for k in keys]
             z = self.top(torch.cat(inputs, dim=1) if len(inputs) > 1 else inputs[0])
-        return classification_metrics(z, self.y_test, self.n_classes, auc=True)
+        out = classification_metrics(z, self.y_test, self.n_classes, auc=True)
+        for name, fn in self.metric_fns.items():  # a scenario's type-specific errors
+            out[name] = float(fn(z.numpy(), self.y_test))
+        return out
 
     # -- records -----------------------------------------------------------------------------------
     def _collect_reports(self) -> None:

@@ -1,0 +1,150 @@
+"""Chained management functions: a cross-domain service trains through two domain producer services."""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+
+import httpx
+import pytest
+
+from sluice.errors import ConfigError
+from sluice.service.chain import ChainConfig, ChainEngine
+from test_service_support import checked, free_port, local_job, request_body, start_server, stop_server
+
+
+def _chain_job(iterations: int, **extra):
+    return {"engine": "chain", "producers": ["east", "west"], "job": local_job(iterations),
+            "poll_interval_s": 0.1, **extra}
+
+
+def _producer_args(ports: dict[str, int], timeout_s: float = 3.0) -> tuple[str, ...]:
+    out: list[str] = []
+    for name, port in ports.items():
+        out += ["--set", f"producers.{name}.url=\"http://127.0.0.1:{port}/ProvMnS/v1920/SubNetwork=SN1/"
+                         "MLTrainingFunction=TF1\"",
+                "--set", f"producers.{name}.timeout_s={timeout_s}"]
+    return tuple(out)
+
+
+@pytest.fixture(scope="module")
+def domains(tmp_path_factory):
+    """Two domain producers and a cross-domain service that knows them; every process is ended afterwards."""
+    tmp = tmp_path_factory.mktemp("chain")
+    started = []
+    try:
+        east = start_server(tmp, name="east")
+        started.append(east)
+        west = start_server(tmp, name="west")
+        started.append(west)
+        cross = start_server(tmp, name="cross", extra=_producer_args({"east": east.port, "west": west.port}))
+        started.append(cross)
+        yield cross, east, west
+    finally:
+        for s in started:
+            stop_server(s)
+
+
+def test_config_checks():
+    with pytest.raises(ConfigError, match="no endpoint for producer"):
+        ChainEngine(ChainConfig(producers=["a"], job={}))
+    with pytest.raises(ValueError, match="distinct"):
+        ChainConfig(producers=["a", "a"])
+    with pytest.raises(ValueError, match="only id, version and type"):
+        ChainConfig(producers=["a"], model={"hidden": [4]})
+
+
+def test_request_is_split_gathered_and_passed_up(domains):
+    cross, east, west = domains
+    # the consumer names producers, never where they are
+    bad = request_body("C0", _chain_job(3, endpoints={"east": {"url": "http://evil/"}}))
+    body = checked(cross.http.put(cross.req("C0"), json=bad), 400)
+    assert "service's configuration" in body["reason"]
+    unknown = request_body("C0", {**_chain_job(3), "producers": ["east", "north"]})
+    body = checked(cross.http.put(cross.req("C0"), json=unknown), 400)
+    assert "north" in body["reason"] and "east" in body["reason"]
+
+    checked(cross.http.put(cross.req("C1"), json=request_body("C1", _chain_job(3), termination={"iterations": 3},
+                                                              decided_by="consumer")), 201)
+    cross.wait_status("C1", ("FINISHED", "CANCELLED"), timeout=120)
+    proc = cross.process_of("C1")
+    assert proc["attributes"]["progressStatus"]["status"] == "FINISHED"
+    report = cross.get(cross.dn(proc["attributes"]["trainingReportRef"]))
+    rep = next(c["attributes"]["vsData"] for c in report["VsDataContainer"] if c["id"] == "sluice-report")
+    assert rep["cause"] == "CRITERION_MET"
+    assert rep["iterations"] == 3
+    for name, srv in (("east", east), ("west", west)):
+        assert f"{name} FINISHED CRITERION_MET after 3 iterations" in rep["detail"], rep["detail"]
+        tree = srv.get(srv.function, scopeType="BASE_NTH_LEVEL", scopeLevel=1, filter="MLTrainingRequest")
+        reqs = [r for r in tree.get("MLTrainingRequest", []) if r["id"].endswith(f"-{name}")]
+        assert len(reqs) == 1 and reqs[0]["attributes"]["requestStatus"] == "FINISHED"
+        sub = srv.process_of(reqs[0]["id"])
+        status = next(c["attributes"]["vsData"] for c in sub["VsDataContainer"] if c["id"] == "sluice-status")
+        assert status["iterations"] == 3
+    # performance passed up: the mean of the producers' last metrics
+    assert {"test_accuracy", "test_loss"} <= {p["performanceMetric"] for p in
+                                              report["attributes"]["modelPerformanceValidation"]}
+    model_uri = cross.dn(report["attributes"]["mLModelGeneratedRef"])
+    assert cross.get(model_uri)["attributes"]["mLModelId"]
+    blob = cross.http.get(model_uri, headers={"Accept": "application/octet-stream"})
+    assert blob.status_code == 200
+    with zipfile.ZipFile(io.BytesIO(blob.content)) as zf:
+        manifest = json.loads(zf.read("chain.json"))
+        assert set(manifest["producers"]) == {"east", "west"}
+        for entry in manifest["producers"].values():
+            assert entry["status"] == "FINISHED" and entry["model"] in zf.namelist()
+            assert len(zf.read(entry["model"])) > 1000
+
+
+def test_a_producer_that_disappears_gives_a_cause(tmp_path):
+    started = []
+    try:
+        east = start_server(tmp_path, name="east2")
+        started.append(east)
+        west = start_server(tmp_path, name="west2")
+        started.append(west)
+        cross = start_server(tmp_path, name="cross2",
+                             extra=_producer_args({"east": east.port, "west": west.port}, timeout_s=1.0))
+        started.append(cross)
+        job = _chain_job(100_000, producer_timeout_s=3.0)
+        checked(cross.http.put(cross.req("C2"), json=request_body("C2", job, termination={"iterations": 100_000},
+                                                                  decided_by="consumer")), 201)
+        cross.wait_for(cross.proc_uri(cross.process_of("C2")["id"]), lambda p: any(
+            c["id"] == "sluice-status" and c["attributes"]["vsData"].get("iterations", 0) >= 1
+            for c in p["VsDataContainer"]), timeout=120)
+        stop_server(west, kill=True)
+        cross.wait_status("C2", ("FINISHED", "CANCELLED", "FAILED"), timeout=60)
+        proc = cross.process_of("C2")
+        ps = proc["attributes"]["progressStatus"]
+        assert ps["status"] == "FAILED" and ps["resultStateInfo"] == "ENGINE_FAILURE"
+        report = cross.get(cross.dn(proc["attributes"]["trainingReportRef"]))
+        rep = next(c["attributes"]["vsData"] for c in report["VsDataContainer"] if c["id"] == "sluice-report")
+        assert f"producer west (http://127.0.0.1:{west.port}/" in rep["detail"]
+        assert "could not be reached" in rep["detail"]
+        # the other domain is not left training
+        tree = east.get(east.function, scopeType="BASE_NTH_LEVEL", scopeLevel=1, filter="MLTrainingRequest")
+        (req,) = [r for r in tree["MLTrainingRequest"] if r["id"].endswith("-east")]
+        east.wait_status(req["id"], ("CANCELLED",), timeout=30)
+    finally:
+        for s in started:
+            stop_server(s)
+
+
+def test_unreachable_producer_fails_before_training(tmp_path):
+    dead = free_port()
+    cross = start_server(tmp_path, name="cross3", extra=_producer_args({"east": dead, "west": dead}, 0.5))
+    try:
+        job = _chain_job(3, producer_timeout_s=1.0)
+        checked(cross.http.put(cross.req("C3"), json=request_body("C3", job)), 201)
+        cross.wait_status("C3", ("FINISHED", "CANCELLED", "FAILED"), timeout=60)
+        ps = cross.process_of("C3")["attributes"]["progressStatus"]
+        assert ps["status"] == "FAILED"
+        proc = cross.process_of("C3")
+        report = cross.get(cross.dn(proc["attributes"]["trainingReportRef"]))
+        rep = next(c["attributes"]["vsData"] for c in report["VsDataContainer"] if c["id"] == "sluice-report")
+        assert "producer east" in rep["detail"] and "could not be reached" in rep["detail"]
+    except httpx.HTTPError as exc:  # pragma: no cover - surfaced with the server log
+        raise AssertionError(f"{exc}\n{cross.log_text()}") from exc
+    finally:
+        stop_server(cross)
