@@ -153,6 +153,7 @@ def test_example_coverage_hfl_stops_on_the_coverage_error(tmp_path: Path) -> Non
     assert rep["model"]["type"] == "COVERAGE_ANALYTICS_COVERAGE_PROBLEM_ANALYSIS"
     hit = rep["criterion"]["hits"][0]
     assert hit["observed"] == pytest.approx(rep["performance"]["coverage_error"]) and hit["observed"] <= 0.115
+    assert hit["metric"] == "coverage_error" and "(coverage_error " in rep["detail"]
     assert rep["iterations"] < 100 and rep["bytes_up"] > 0
     summary = json.loads((run / "summary.json").read_text())
     assert summary["model_type"] == "coverage problem analysis"
@@ -168,6 +169,7 @@ def test_example_energy_local_stops_on_the_energy_error(tmp_path: Path) -> None:
     assert rep["model"]["type"] == "MDA_ASSISTED_ENERGY_SAVING_ENERGY_SAVING_ANALYSIS"
     hit = rep["criterion"]["hits"][0]
     assert hit["observed"] == pytest.approx(rep["performance"]["energy_error"]) and hit["observed"] <= 0.05
+    assert hit["metric"] == "energy_error" and "(energy_error " in rep["detail"]
     assert {"energy_consumption_error", "energy_efficiency_error"} <= set(rep["performance"])
     assert 1 < rep["iterations"] < 60
     assert (run / "energy_error_vs_iteration.png").is_file()

@@ -142,3 +142,41 @@ def test_restart_after_sigkill_resumes_from_the_checkpoint(tmp_path, db_url):
             stop_server(srv2)
         stop_server(srv, kill=True)
         rec.close()
+
+
+def test_a_process_waiting_to_resume_is_cancelled_with_its_checkpointed_iterations(tmp_path):
+    """After a restart with room for one process, the second interrupted one waits in the queue to resume;
+    cancelling it ends it CANCELLED with the iterations of its checkpoint, not 0."""
+    extra = ("--set", "checkpoint_every=2")
+    srv = start_server(tmp_path, name="wait", extra=extra)
+    try:
+        for rid in ("W1", "W2"):
+            checked(srv.http.put(srv.req(rid), json=request_body(rid, JOB, termination={"iterations": 100_000},
+                                                                 decided_by="consumer")), 201)
+        for rid in ("W1", "W2"):
+            srv.wait_for(srv.proc_uri(f"{rid}-1"), lambda p: next(
+                c["attributes"]["vsData"] for c in p["VsDataContainer"] if c["id"] == "sluice-status"
+            ).get("iterations", 0) >= 3, timeout=120)
+        kill_all(srv)
+        srv = start_server(tmp_path, name="wait", port=srv.port, database=srv.database,
+                           extra=(*extra, "--set", "max_concurrent=1"))
+        t0 = time.monotonic()
+        while True:  # one of the two resumes, the other waits in the queue
+            queued = [dn.rpartition("=")[2].removesuffix("-1") for dn, internal in stored(
+                srv.database, "SELECT dn, internal FROM moi WHERE object_class = 'MLTrainingProcess'")
+                if json.loads(internal).get("phase") == "queued"]
+            if len(queued) == 1 or time.monotonic() - t0 > 60:
+                break
+            time.sleep(0.1)
+        (waiting,) = queued
+        ckpt = stored(srv.database, "SELECT iteration FROM checkpoint WHERE process_dn LIKE :dn",
+                      dn=f"%MLTrainingProcess={waiting}-1")[0][0]
+        srv.patch(srv.req(waiting), {"attributes": {"cancelRequest": True}})
+        srv.wait_status(waiting, ("CANCELLED",))
+        proc = srv.get(srv.proc_uri(f"{waiting}-1"))
+        report = srv.get(srv.dn(proc["attributes"]["trainingReportRef"]))
+        rep = next(c["attributes"]["vsData"] for c in report["VsDataContainer"] if c["id"] == "sluice-report")
+        assert ckpt >= 2 and rep["iterations"] == ckpt
+        assert f"waiting to resume from the checkpoint of iteration {ckpt}" in rep["detail"]
+    finally:
+        stop_server(srv)

@@ -65,6 +65,8 @@ class Hit(BaseModel):
     threshold: float | None = None
     observed: float | None = None
     iteration: int
+    metric: str | None = None
+    """The metric a metric criterion compares (``coverage_error`` for a training error threshold...)."""
 
 
 class Firing(BaseModel):
@@ -128,9 +130,8 @@ class _Condition:
         return self.streak >= self.patience
 
     def hit(self, n: int) -> Hit:
-        return Hit(
-            name=self.name, kind=self.kind, threshold=self.threshold, observed=self.observed, iteration=n
-        )
+        return Hit(name=self.name, kind=self.kind, threshold=self.threshold, observed=self.observed, iteration=n,
+                   metric=getattr(self, "metric", None))
 
 
 class _Metric(_Condition):

@@ -455,7 +455,9 @@ class TrainingProcess:
                               for k, v in r.performance.items())
             return Cause.PERFORMANCE_NOT_MET, f"{d.rule} ended training; performance requirement not met: {unmet}"
         if d.success or not self.termination.defines_result():
-            return Cause.CRITERION_MET, f"{d.rule} met at iteration {self.n}"
+            seen = "; ".join(f"{h.metric} {h.observed:.6g} against {h.threshold:g}" for h in d.hits
+                             if h.metric and h.observed is not None and h.threshold is not None)
+            return Cause.CRITERION_MET, f"{d.rule} met at iteration {self.n}" + (f" ({seen})" if seen else "")
         goal = goal_of(self.termination, None, self.monitor.error_metric, self.monitor.specs)
         where = ""
         if goal is not None:

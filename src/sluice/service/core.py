@@ -609,12 +609,20 @@ class TrainingService:
             status = 503 if ack.get("timeout") else 400
             raise MnSError(status, f"the training process refused it: {ack.get('error')}", bad_attributes=[attr])
 
+    @staticmethod
+    def _cancelled_report(proc: MOI) -> dict[str, Any]:
+        """The report of a process cancelled without a worker (proposed, queued, or waiting to resume after
+        a restart: that one keeps the iterations of its last checkpoint)."""
+        done = int((proc.internal.get("resume") or {}).get("from", 0))
+        detail = (f"cancelled while waiting to resume from the checkpoint of iteration {done}" if done
+                  else "cancelled before training started")
+        return {"cause": "CANCELLED", "status": "CANCELLED", "detail": detail, "iterations": done,
+                "model": proc.internal.get("model")}
+
     def _cancel_pending(self, tx: Tx, proc: MOI) -> None:
-        """End a process that has no worker (proposed, queued) as CANCELLED, through CANCELLING."""
+        """End a process that has no worker as CANCELLED, through CANCELLING."""
         self._set_process(tx, proc, attrs={"cancelProcess": True}, internal={"cancelling": True})
-        report = {"cause": "CANCELLED", "status": "CANCELLED", "detail": "cancelled before training started",
-                  "iterations": 0, "model": proc.internal.get("model")}
-        self._end_process(tx, proc, report, None, None)
+        self._end_process(tx, proc, self._cancelled_report(proc), None, None)
 
     def _cancel(self, proc_ldn: str) -> None:
         with self.store.write() as tx:
@@ -634,9 +642,7 @@ class TrainingService:
             with self.store.write() as tx:  # a second transaction: CANCELLING, then CANCELLED
                 proc = tx.get(proc_ldn)
                 assert proc is not None
-                report = {"cause": "CANCELLED", "status": "CANCELLED", "detail": "cancelled before training started",
-                          "iterations": 0, "model": proc.internal.get("model")}
-                self._end_process(tx, proc, report, None, None)
+                self._end_process(tx, proc, self._cancelled_report(proc), None, None)
             return
         try:
             self.supervisor.send(proc_ldn, {"cmd": "cancel"})

@@ -258,7 +258,7 @@ class Supervisor:
             return [w.ldn for w in self.workers.values() if not w.ended]
 
     # ------------------------------------------------------------------ commands
-    def send(self, ldn: str, cmd: dict[str, Any], wait_s: float = 5.0) -> None:
+    def send(self, ldn: str, cmd: dict[str, Any], wait_s: float = 30.0) -> None:
         """Send ``cmd`` to the worker of ``ldn``; a process just picked from the queue may not have its worker
         yet: wait up to ``wait_s`` for it."""
         deadline = time.monotonic() + wait_s
