@@ -193,3 +193,18 @@ def test_tokens_added_and_revoked_act_without_restart(svc: Any, capsys: pytest.C
         carol.get(TF, 401)
     finally:
         carol.http.close()
+
+
+def test_tokens_file_is_owner_only_even_over_a_leftover(tmp_path) -> None:
+    import stat
+
+    from sluice.service.auth import read_tokens_file
+
+    path = tmp_path / "tokens.toml"
+    leftover = tmp_path / "tokens.toml.tmp"  # e.g. from an interrupted write, readable by everyone
+    leftover.write_text("junk")
+    leftover.chmod(0o644)
+    token = add_token(path, "ops")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert not leftover.exists()
+    assert [e.token_sha256 for e in read_tokens_file(path)] == [hash_token(token)]

@@ -148,3 +148,22 @@ def test_unreachable_producer_fails_before_training(tmp_path):
         raise AssertionError(f"{exc}\n{cross.log_text()}") from exc
     finally:
         stop_server(cross)
+
+
+def test_a_restored_chain_follows_its_requests_and_creates_none() -> None:
+    """Restored before it starts (as a resuming worker does), a chain keeps its producers' request ids: its
+    start creates nothing (the endpoint below answers nothing, so a creation would fail)."""
+    url = f"http://127.0.0.1:{free_port()}/ProvMnS/v1920/SubNetwork=SN1/MLTrainingFunction=TF1"
+    cfg = ChainConfig(producers=["east"], job={}, producer_timeout_s=0.2, poll_interval_s=0.05,
+                      endpoints={"east": {"url": url, "timeout_s": 0.2}})
+    first = ChainEngine(cfg)
+    first.producers[0].rid = f"{first.chain_id}-east"
+    blob = first.checkpoint()
+    again = ChainEngine(cfg)
+    again.restore(blob)
+    try:
+        again.start()
+        assert again.chain_id == first.chain_id and again.producers[0].rid == f"{first.chain_id}-east"
+    finally:
+        again.stop()
+    assert again.producers[0].client is None

@@ -17,8 +17,7 @@ uses when present and refuses requirements for when absent:
 * ``check_data(data)``: raise :class:`sluice.errors.DataError` when ``data`` cannot be added.
 * ``set_min_samples(n)``: while it holds fewer than ``n`` samples, an iteration trains nothing and reports
   the anomaly ``INADEQUATE_TRAINING_DATA`` (the engine can wait for data: SPEC T6);
-* ``checkpoint() -> bytes`` / ``restore(bytes)``: the whole training state as bytes and back;
-  ``can_checkpoint`` (bool) is False where the engine cannot hold every party's state as configured.
+* ``checkpoint() -> bytes`` / ``restore(bytes)``: the whole training state as bytes and back.
 * ``evaluate() -> dict``: metrics of the model as it is, without training it (before the first
   iteration: the initial losses that divergence is measured against).
 """

@@ -98,11 +98,17 @@ def make_certificates(out: str | Path, hosts: list[str] | tuple[str, ...] = ("12
 
 
 def _write(path: Path, data: bytes, *, secret: bool = False) -> None:
+    """Replace ``path`` by ``data`` atomically (a new file renamed over it); ``secret``: owner-only mode 0600."""
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if secret else 0o644)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    tmp.unlink(missing_ok=True)  # with O_EXCL below a leftover file (or a link) is never reused with its mode
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600 if secret else 0o644)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def make_client_certificate(out: str | Path, name: str, *, days: int = 365) -> CertFiles:

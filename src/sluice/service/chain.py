@@ -21,9 +21,10 @@ those of any other process:
 
 * iteration ``k`` of the chain ends when every producer still training has done ``k`` iterations; its
   metrics are the unweighted mean over producers of each one's latest metrics;
-* when every producer has ended, the chain ends with their combined cause: ``CRITERION_MET`` when each
-  met its criterion, ``BUDGET_EXHAUSTED`` when one ran out of budget; the detail names each producer's
-  cause and reason;
+* when every producer has ended, the chain ends at the iteration count of the one that trained longest
+  (catching up one iteration per call when producers ended between two polls) with their combined cause:
+  ``CRITERION_MET`` when each met its criterion, ``BUDGET_EXHAUSTED`` when one ran out of budget; the
+  detail names each producer's cause and reason;
 * a producer whose process fails ends the chain at once with that producer's cause and reason; one that
   cannot be reached for ``producer_timeout_s`` seconds (or that lost the request: HTTP 404) ends it with
   ``ENGINE_FAILURE`` naming the producer, its URI and the last error. The other producers' requests are
@@ -168,17 +169,18 @@ class ChainEngine:
     def start(self) -> None:
         if self._started:
             return
-        for p in self.producers:
-            p.client = self._client(p.endpoint)
         created: list[_Producer] = []
         try:
+            for p in self.producers:
+                p.client = self._client(p.endpoint)
             for p in self.producers:
                 if p.rid is None:
                     p.rid = f"{self.chain_id}-{p.name}"
                     self._create(p)
                 created.append(p)
-        except SluiceError:
+        except BaseException:  # the process calls stop() only after a successful start
             self._cancel_all(created)
+            self._close()
             raise
         self._started = True
 
@@ -196,6 +198,8 @@ class ChainEngine:
             training = [p for p in self.producers if not p.ended]
             if not training:
                 self.k += 1
+                if max(p.iterations for p in self.producers) > self.k:  # producers ended between two polls:
+                    return IterationEvent(self.k, self._metrics(), seconds=self.clock() - t0)  # catch up
                 bad = [p for p in self.producers if p.cause != "CRITERION_MET"]
                 cause = "CRITERION_MET" if not bad else "BUDGET_EXHAUSTED"
                 return IterationEvent(self.k, self._metrics(), seconds=self.clock() - t0, anomaly=cause,
@@ -218,10 +222,7 @@ class ChainEngine:
     def stop(self) -> None:
         """Cancel what still trains and close the connections."""
         self._cancel_all(self.producers)
-        for p in self.producers:
-            if p.client is not None:
-                p.client.close()
-                p.client = None
+        self._close()
 
     def add_data(self, data: Any) -> None:
         self.check_data(data)
@@ -275,14 +276,15 @@ class ChainEngine:
     # ------------------------------------------------------------------ internals
     @staticmethod
     def _client(ep: ProducerEndpoint) -> Any:
-        import httpx
-
         from sluice.service.client import ProvMnSClient
 
-        headers = {"Authorization": f"Bearer {ep.token}"} if ep.token else {}
-        http = httpx.Client(timeout=ep.timeout_s, trust_env=False, headers=headers,
-                            verify=ep.ca_file if ep.ca_file else True)
-        return ProvMnSClient(ep.url, client=http)
+        return ProvMnSClient(ep.url, timeout=ep.timeout_s, token=ep.token, ca_file=ep.ca_file)
+
+    def _close(self) -> None:
+        for p in self.producers:
+            if p.client is not None:
+                p.client.close()
+                p.client = None
 
     def _job_for(self, p: _Producer) -> dict[str, Any]:
         doc = merge_patch(self.cfg.job, self.cfg.overrides.get(p.name) or {})

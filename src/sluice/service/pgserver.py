@@ -165,10 +165,15 @@ def running_postgres(database: str = "sluice", *, timeout_s: float = 60.0) -> It
         server.new_database(database)
         yield server
     finally:
-        if (data / "postmaster.pid").exists():  # also a server whose start timed out
-            for mode in ("fast", "immediate"):
-                done = _run([*prefix, str(bindir / "pg_ctl"), "-D", str(data), "-m", mode, "-w", "stop"], root,
-                            timeout_s)
-                if done.returncode == 0:
-                    break
-        shutil.rmtree(root, ignore_errors=True)
+        try:
+            if (data / "postmaster.pid").exists():  # also a server whose start timed out
+                for mode in ("fast", "immediate"):
+                    try:
+                        done = _run([*prefix, str(bindir / "pg_ctl"), "-D", str(data), "-m", mode, "-w", "stop"],
+                                    root, timeout_s)
+                    except subprocess.TimeoutExpired:
+                        continue  # a stop that hangs: try the next, harsher mode
+                    if done.returncode == 0:
+                        break
+        finally:
+            shutil.rmtree(root, ignore_errors=True)

@@ -113,8 +113,7 @@ def worker_main(spec: dict[str, Any], conn: Connection) -> None:
             send({"kind": "checkpoint", "iteration": proc.n, "engine": engine.checkpoint(),
                   "process": json.dumps(proc.checkpoint()).encode()})
 
-        every = int(spec.get("checkpoint_every", 0)) if getattr(
-            engine, "can_checkpoint", hasattr(engine, "checkpoint")) else 0
+        every = int(spec.get("checkpoint_every", 0)) if hasattr(engine, "checkpoint") else 0
         proc = TrainingProcess(engine, termination, requirements, job.model, on_event=on_event, on_state=on_state,
                                save_path=work / "model.pt", sampler=ResourceSampler(), checkpoint_every=every,
                                on_checkpoint=on_checkpoint)
@@ -128,8 +127,8 @@ def worker_main(spec: dict[str, Any], conn: Connection) -> None:
         try:
             if not hasattr(engine, "restore"):
                 raise TypeError(f"the {kind} engine cannot restore a checkpoint")
-            engine.start()
-            engine.restore(resume["engine"])
+            engine.restore(resume["engine"])  # before start: a split engine loads it as its parties start,
+            # a chain follows its producers' requests instead of creating new ones
             proc.restore(json.loads(resume["process"]))
             uploads = uploads[proc.data_taken:]
         except Exception as exc:  # noqa: BLE001 - the process fails with the reason

@@ -337,53 +337,41 @@ class SplitEngine:
         )
 
     # -- checkpoints ---------------------------------------------------------------------------------
-    @property
-    def can_checkpoint(self) -> bool:
-        """Whether :meth:`checkpoint` can hold every party's state: only when every follower runs in this
-        process (followers in other processes or hosts keep theirs)."""
-        return self.cfg.transport.kind == "inproc" and self.connect is None
-
     def checkpoint(self) -> bytes:
-        """Every party's weights and optimizer state and the next step (:func:`sluice.hfl.state.pack`),
-        taken between steps: the followers' reports of the last step have arrived, so their optimizer step
-        is done, and nothing of the next step has changed a weight yet."""
+        """Every party's weights and optimizer state and the next step (:func:`sluice.hfl.state.pack`).
+
+        Taken between steps: the followers' reports of the last step have arrived, so their optimizer step
+        is done, and nothing of the next step can change a weight before the leader runs it. Each follower
+        sends its own state over its link (``checkpoint_req``), wherever it runs."""
         from sluice.hfl.state import pack
         from sluice.models.state import module_tree, optimizer_tree
 
-        if not self.can_checkpoint:
-            raise TrainingError("split checkpoints need every follower in this process (transport.kind = "
-                                "\"inproc\"); followers elsewhere keep their own state")
         leader = self.leader
         if leader is None or not leader.started:
             raise TrainingError("nothing to checkpoint: no step has run")
-        parts = {"leader.top": module_tree(leader.top)}
+        own = {"leader.top": module_tree(leader.top)}
         if leader.bottom is not None:
-            parts["leader.bottom"] = module_tree(leader.bottom)
-        optimizers = {"leader": optimizer_tree(leader.opt)}
-        for f in self.followers:
-            assert f.model is not None
-            parts[f.proposal["part"]] = module_tree(f.model)
-            optimizers[f.name] = optimizer_tree(f.opt)
-        return pack({"kind": "split-engine", "step": leader.step_no, "parts": parts, "optimizers": optimizers,
+            own["leader.bottom"] = module_tree(leader.bottom)
+        return pack({"kind": "split-engine", "step": leader.step_no, "leader": own,
+                     "optimizer": optimizer_tree(leader.opt), "followers": leader.follower_states(),
                      "limit": self._limit, "layers": self._layers})
 
     def restore(self, buf: bytes) -> None:
         """Go on from a :meth:`checkpoint` of an engine with the same configuration: the parties negotiate
-        the same task again, load their state before they start, and the steps that follow are those the
-        checkpointed engine would have run."""
+        the same task again, each loads its state before it starts (followers get theirs over their link:
+        ``restore``), and the steps that follow are those the checkpointed engine would have run."""
         from sluice.hfl.state import field, unpack
 
         if self.leader is not None:
             raise TrainingError("a checkpoint is restored before the engine starts")
-        if not self.can_checkpoint:
-            raise TrainingError("split checkpoints need every follower in this process")
-        step, parts, optimizers, limit, layers = field(unpack(buf), "split-engine", "step", "parts", "optimizers",
-                                                       "limit", "layers")
-        self._resume = {"step": int(step), "parts": parts, "optimizers": optimizers}
-        if limit is not None:
-            self.limit_samples(int(limit))
-        if layers is not None:
-            self.set_trainable_layers(int(layers))
+        state = dict(zip(("step", "leader", "optimizer", "followers", "limit", "layers"), field(
+            unpack(buf), "split-engine", "step", "leader", "optimizer", "followers", "limit", "layers"),
+            strict=True))
+        self._resume = state
+        if state["limit"] is not None:
+            self.limit_samples(int(state["limit"]))
+        if state["layers"] is not None:
+            self.set_trainable_layers(int(state["layers"]))
 
     def _load_resume(self) -> None:
         """Load the checkpoint into every party (called by the leader once the followers accepted)."""
@@ -391,17 +379,15 @@ class SplitEngine:
 
         leader, state = self.leader, self._resume
         assert leader is not None and state is not None
-        parts, optimizers = state["parts"], state["optimizers"]
-        mine = {"leader.top": leader.top, **({"leader.bottom": leader.bottom} if leader.bottom is not None else {})}
-        mine.update({f.proposal["part"]: f.model for f in self.followers})
-        if set(parts) != set(mine):
-            raise TrainingError(f"the checkpoint holds parts {sorted(parts)}, this task {sorted(mine)}")
-        for name, module in mine.items():
-            load_module_tree(module, parts[name])
-        load_optimizer_tree(leader.opt, optimizers["leader"])
-        for f in self.followers:
-            load_optimizer_tree(f.opt, optimizers[f.name])
-        leader.step_no = state["step"]
+        if set(state["followers"]) != set(leader.followers):
+            raise TrainingError(f"the checkpoint holds followers {sorted(state['followers'])}, this task "
+                                f"{sorted(leader.followers)}")
+        load_module_tree(leader.top, state["leader"]["leader.top"])
+        if leader.bottom is not None:
+            load_module_tree(leader.bottom, state["leader"]["leader.bottom"])
+        load_optimizer_tree(leader.opt, state["optimizer"])
+        leader.restore_followers(state["followers"])
+        leader.step_no = int(state["step"])
         self._resume = None
 
     def save(self, path: str) -> str:

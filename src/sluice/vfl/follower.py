@@ -156,6 +156,42 @@ class Follower(Worker):
             self.send_raw("leader", bytes(int(body["bytes"])))
         elif type_ == "profile_req":
             self.send_control("leader", "profile", self.profile(int(body["batch"])))
+        elif type_ == "restore":  # a resumed task: the state follows as one raw message
+            while not self.raws["leader"]:
+                self.pump(True, "the checkpoint from the leader")
+            self.load_state(self.raws["leader"].popleft()[0])
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def _on_control(self, peer: str, msg: Any, size: int, arrived: float) -> None:
+        """Answer ``checkpoint_req`` wherever it arrives: the leader asks between its steps, after this
+        party's report of the last one (its optimizer step done) and before anything of the next step can
+        change a weight."""
+        if msg.type == "checkpoint_req":
+            self.send_raw("leader", self.state_bytes())
+            return
+        super()._on_control(peer, msg, size, arrived)
+
+    def state_bytes(self) -> bytes:
+        """This party's weights and optimizer state (:func:`sluice.hfl.state.pack`)."""
+        from sluice.hfl.state import pack
+        from sluice.models.state import module_tree, optimizer_tree
+
+        assert self.model is not None
+        return pack({"kind": "split-party", "part": self.proposal["part"], "model": module_tree(self.model),
+                     "optimizer": optimizer_tree(self.opt)})
+
+    def load_state(self, buf: bytes) -> None:
+        """Load what :meth:`state_bytes` of the same part gave; :class:`sluice.errors.WireError` otherwise."""
+        from sluice.errors import WireError
+        from sluice.hfl.state import field, unpack
+        from sluice.models.state import load_module_tree, load_optimizer_tree
+
+        part, model, opt = field(unpack(buf), "split-party", "part", "model", "optimizer")
+        if part != self.proposal["part"]:
+            raise WireError(f"a checkpoint of part {part} cannot restore part {self.proposal['part']}")
+        assert self.model is not None
+        load_module_tree(self.model, model)
+        load_optimizer_tree(self.opt, opt)
 
     def profile(self, batch: int, repeats: int = 3) -> dict[str, Any]:
         """Seconds of this party's operations for groups of ``n`` samples (linear fit ``a0 + a1 n`` from

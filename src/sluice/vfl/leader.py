@@ -435,6 +435,23 @@ class Leader(Worker):
         for name in self.followers:
             self.send_control(name, "resume")
 
+    def follower_states(self) -> dict[str, bytes]:
+        """Every follower's :meth:`~sluice.vfl.follower.Follower.state_bytes`, asked for between steps."""
+        for name in self.followers:
+            self.send_control(name, "checkpoint_req")
+        out = {}
+        for name in self.followers:
+            while not self.raws[name]:
+                self.pump(True, f"the checkpoint of {name}")
+            out[name] = self.raws[name].popleft()[0]
+        return out
+
+    def restore_followers(self, states: dict[str, bytes]) -> None:
+        """Send each follower its state (before ``start``: it loads it while it waits to start)."""
+        for name in self.followers:
+            self.send_control(name, "restore")
+            self.send_raw(name, states[name])
+
     def state(self) -> dict[str, dict[str, torch.Tensor]]:
         out = {"leader.top": {k: v.detach().clone() for k, v in self.top.state_dict().items()}}
         if self.bottom is not None:

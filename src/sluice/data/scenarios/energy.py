@@ -137,6 +137,13 @@ PROFILES: dict[str, Profile] = {
 }
 
 
+def check_weekend_factors(v: dict[str, float]) -> dict[str, float]:
+    """Validate a ``weekend_factor`` table: one factor > 0 for each of :data:`PROFILES` (ValueError)."""
+    if set(v) != set(PROFILES) or any(x <= 0 for x in v.values()):
+        raise ValueError(f"give a factor > 0 for each of {', '.join(PROFILES)}")
+    return v
+
+
 def diurnal_profile(hours: np.ndarray, profile: str) -> np.ndarray:
     """The weekday shape of ``profile`` (:data:`PROFILES`) at fractional ``hours`` of the day, max 1."""
     if profile not in PROFILES:
@@ -238,9 +245,7 @@ class EnergyParams(Section):
     @field_validator("weekend_factor")
     @classmethod
     def _profiles(cls, v: dict[str, float]) -> dict[str, float]:
-        if set(v) != set(PROFILES) or any(x <= 0 for x in v.values()):
-            raise ValueError(f"give a factor > 0 for each of {', '.join(PROFILES)}")
-        return v
+        return check_weekend_factors(v)
 
     @model_validator(mode="after")
     def _consistent(self) -> EnergyParams:

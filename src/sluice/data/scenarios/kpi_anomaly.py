@@ -59,7 +59,7 @@ import numpy as np
 from pydantic import Field, field_validator, model_validator
 
 from sluice.data.scenarios.base import MetricFn, ScenarioData, ScenarioSpec, save_figure
-from sluice.data.scenarios.energy import PROFILES, diurnal_profile, held_out_days
+from sluice.data.scenarios.energy import PROFILES, check_weekend_factors, diurnal_profile, held_out_days
 from sluice.errors import DataError
 from sluice.metrics import MetricSpec
 from sluice.schema import Section
@@ -105,9 +105,7 @@ class KpiAnomalyParams(Section):
     @field_validator("weekend_factor")
     @classmethod
     def _profiles(cls, v: dict[str, float]) -> dict[str, float]:
-        if set(v) != set(PROFILES) or any(x <= 0 for x in v.values()):
-            raise ValueError(f"give a factor > 0 for each of {', '.join(PROFILES)}")
-        return v
+        return check_weekend_factors(v)
 
     @field_validator("kind_weights")
     @classmethod
