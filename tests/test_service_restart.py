@@ -180,3 +180,35 @@ def test_a_process_waiting_to_resume_is_cancelled_with_its_checkpointed_iteratio
         assert f"waiting to resume from the checkpoint of iteration {ckpt}" in rep["detail"]
     finally:
         stop_server(srv)
+
+
+def test_a_split_process_resumes_with_its_followers_state(tmp_path):
+    """A split job with followers in their own processes (gRPC), killed with the service: after the restart
+    new follower processes get their state over their links and training goes on from the checkpoint."""
+    job = {"engine": "split", "seed": 0, "data": {"dataset": "breast_cancer"},
+           "train": {"steps": 100_000, "batch_size": 32, "eval_every": 50}}
+    extra = ("--set", "checkpoint_every=10")
+    srv = start_server(tmp_path, name="split", extra=extra)
+    try:
+        checked(srv.http.put(srv.req("S1"), json=request_body("S1", job, termination={"iterations": 100_000},
+                                                              decided_by="consumer")), 201)
+
+        def iterations(p: dict[str, Any]) -> int:
+            return next(c["attributes"]["vsData"] for c in p["VsDataContainer"]
+                        if c["id"] == "sluice-status").get("iterations", 0)
+
+        srv.wait_for(srv.proc_uri("S1-1"), lambda p: iterations(p) >= 25, timeout=180)
+        kill_all(srv)
+        ((ckpt,),) = stored(srv.database, "SELECT iteration FROM checkpoint")
+        srv = start_server(tmp_path, name="split", port=srv.port, database=srv.database, extra=extra)
+        # progress is stored at most every progress_interval_s: the store may lag behind the checkpoint
+        seen = max(ckpt, iterations(srv.get(srv.proc_uri("S1-1"))))
+        srv.wait_for(srv.proc_uri("S1-1"), lambda p: iterations(p) > seen + 5, timeout=180)
+        srv.patch(srv.req("S1"), {"attributes": {"cancelRequest": True}})
+        srv.wait_status("S1", ("CANCELLED",), timeout=60)
+        report = srv.get(srv.dn(srv.get(srv.proc_uri("S1-1"))["attributes"]["trainingReportRef"]))
+        rep = next(c["attributes"]["vsData"] for c in report["VsDataContainer"] if c["id"] == "sluice-report")
+        # a checkpoint that cannot be restored fails the process; this one was restored and went on
+        assert rep["cause"] == "CANCELLED" and 20 <= ckpt <= seen < rep["iterations"]
+    finally:
+        stop_server(srv)
