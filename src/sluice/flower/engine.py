@@ -34,7 +34,6 @@ import concurrent.futures
 import math
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -46,9 +45,10 @@ from sluice.errors import ConfigError, DataError, TrainingError
 from sluice.flower import protocol as P
 from sluice.hfl.client import build_model
 from sluice.hfl.config import HFLConfig
+from sluice.hfl.engine import ServerModel
 from sluice.hfl.server import Server
 from sluice.metrics import CLASSIFICATION, MetricSpec, classification_metrics, declare
-from sluice.models import get_flat, num_params, set_flat
+from sluice.models import get_flat, set_flat
 from sluice.wire.vector import DensePayload, encode
 
 
@@ -65,7 +65,7 @@ def _uint8(buf: bytes) -> Any:
     return Array(dtype="uint8", shape=(len(buf),), stype="sluice.bytes", data=bytes(buf))
 
 
-class FlowerEngine(Suspendable):
+class FlowerEngine(ServerModel, Suspendable):
     """Implements :class:`sluice.engine.Engine` over a Flower ``Grid``; one iteration is one round."""
 
     def __init__(self, cfg: HFLConfig, grid: Any, *, round_timeout_s: float = 60.0, link_timeout_s: float = 30.0,
@@ -107,25 +107,6 @@ class FlowerEngine(Suspendable):
     def stop(self) -> None:
         super().stop()
         self._pool.shutdown(wait=False, cancel_futures=True)
-
-    def save(self, path: str | Path) -> str:
-        self.start()
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"params": torch.from_numpy(self.server.params.copy()), "hidden": list(self.cfg.model.hidden),
-                    "num_features": self.data.num_features, "num_classes": self.data.num_classes,
-                    "round": self.server.round}, path)
-        return str(path)
-
-    @property
-    def params(self) -> np.ndarray:
-        self.start()
-        return self.server.params
-
-    @property
-    def num_params(self) -> int:
-        self.start()
-        return num_params(self.model)
 
     @property
     def metrics(self) -> dict[str, MetricSpec]:

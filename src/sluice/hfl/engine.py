@@ -37,7 +37,35 @@ from sluice.metrics import CLASSIFICATION, MetricSpec, declare
 from sluice.models import get_flat, num_params, set_flat
 
 
-class HFLEngine(Suspendable):
+class ServerModel:
+    """``save``, ``params`` and ``num_params`` of an HFL engine, whose server half holds the model: the
+    engine's ``start`` builds ``server`` (its ``params`` and ``round``), ``model`` (a scratch module of the
+    architecture) and ``data``, and ``cfg`` is its :class:`HFLConfig`."""
+
+    def save(self, path: str | Path) -> str:
+        """The server model with what rebuilds it (architecture, feature and class counts, round), by
+        ``torch.save``."""
+        self.start()
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"params": torch.from_numpy(self.server.params.copy()), "hidden": list(self.cfg.model.hidden),
+                    "num_features": self.data.num_features, "num_classes": self.data.num_classes,
+                    "round": self.server.round}, path)
+        return str(path)
+
+    @property
+    def params(self) -> np.ndarray:
+        """The server model."""
+        self.start()
+        return self.server.params
+
+    @property
+    def num_params(self) -> int:
+        self.start()
+        return num_params(self.model)
+
+
+class HFLEngine(ServerModel, Suspendable):
     """Implements :class:`sluice.engine.Engine` for horizontal FL; one iteration is one round.
 
     ``server_cls`` and ``client_cls`` are the two halves it drives (Sluice's :class:`Server` and
@@ -75,26 +103,6 @@ class HFLEngine(Suspendable):
         for client in self.clients:
             client.set_trainable_layers(self._trainable)
         self._rng = np.random.default_rng(cfg.seed)
-
-    def save(self, path: str | Path) -> str:
-        self.start()
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"params": torch.from_numpy(self.server.params.copy()), "hidden": list(self.cfg.model.hidden),
-                    "num_features": self.data.num_features, "num_classes": self.data.num_classes,
-                    "round": self.server.round}, path)
-        return str(path)
-
-    @property
-    def params(self) -> np.ndarray:
-        """The server model."""
-        self.start()
-        return self.server.params
-
-    @property
-    def num_params(self) -> int:
-        self.start()
-        return num_params(self.model)
 
     @property
     def metrics(self) -> dict[str, MetricSpec]:
