@@ -117,14 +117,15 @@ def test_engine_protocol_one_step_per_iterate(tmp_path):
 @pytest.mark.parametrize("mode", ["auto", "seed"])
 def test_groups_chosen_from_measured_link_and_compute(mode):
     cfg = _cfg(pipeline={"groups": mode, "max_groups": 16}, train={"steps": 3},
-               transport={"emulate": {"bandwidth_mbps": 4.0, "burst_bytes": 1500}})
+               transport={"emulate": {"bandwidth_mbps": 1.0, "burst_bytes": 1500}})
     res = run_inprocess(cfg)
     choice = res.summary["group_choice"]
     cal = res.summary["calibration"]
-    # the probes measured the emulated 4 Mbit/s (500 kB/s) each way
+    # the probes measured the emulated 1 Mbit/s (125 kB/s) each way
     for way in ("down_Bps", "up_Bps"):
-        assert 0.65 * 5e5 < cal["links"]["follower-1"][way] < 1.35 * 5e5
-    # sending a batch (64 x 16 float32) takes ~8 ms, computing it well under a millisecond
+        assert 0.65 * 1.25e5 < cal["links"]["follower-1"][way] < 1.35 * 1.25e5
+    # sending a batch (64 x 16 float32) takes ~33 ms, computing it a few milliseconds at most even on a
+    # busy machine
     assert choice["seed_formula"] > 2
     if mode == "seed":
         assert res.summary["groups"] == min(16, round(choice["seed_formula"]))
