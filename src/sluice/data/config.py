@@ -11,43 +11,14 @@ and to the scenario's number of parties for a scenario, where a given value must
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, ValidationInfo, field_validator
+from pydantic import AfterValidator, Field, ValidationError, ValidationInfo
 
 from sluice.schema import Section
 
 DEFAULT_CLIENTS = 20
 """Clients of a partitioned dataset when ``num_clients`` is not given."""
-
-
-class DataConfig(Section):
-    dataset: Literal["digits", "breast_cancer", "mnist", "synthetic", "coverage", "energy", "kpi_anomaly"] = "digits"
-    num_clients: int | None = Field(
-        None, ge=1, le=100_000,
-        description=f"clients; default {DEFAULT_CLIENTS}, or a scenario's parties (a given value must equal them)",
-    )
-    partition: Literal["iid", "dirichlet", "shards"] = "dirichlet"
-    alpha: float = Field(0.3, gt=0, description="Dirichlet concentration (smaller = more skew)")
-    shards_per_client: int = Field(2, ge=1)
-    test_fraction: float = Field(0.2, gt=0, lt=1)
-    synthetic_alpha: float = Field(1.0, ge=0, description="FedProx Synthetic(alpha, beta): model skew")
-    synthetic_beta: float = Field(1.0, ge=0, description="FedProx Synthetic(alpha, beta): data skew")
-    scenario: dict[str, Any] = Field(
-        default_factory=dict, description="generator parameters of a scenario dataset (its own section)"
-    )
-
-    @field_validator("scenario")
-    @classmethod
-    def _scenario(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
-        return scenario_params(info.data.get("dataset"), v)
-
-    @property
-    def is_scenario(self) -> bool:
-        """Whether ``dataset`` is a generated network-analytics scenario."""
-        from sluice.data.scenarios import SCENARIO_NAMES
-
-        return self.dataset in SCENARIO_NAMES
 
 
 def scenario_params(dataset: str | None, params: dict[str, Any]) -> dict[str, Any]:
@@ -70,3 +41,35 @@ def scenario_params(dataset: str | None, params: dict[str, Any]) -> dict[str, An
     except ValidationError as exc:
         lines = format_validation_error(exc).split("\n  ")[1:]
         raise ValueError(f"{dataset} parameters: " + "; ".join(lines)) from None
+
+
+def _checked_scenario(params: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+    return scenario_params(info.data.get("dataset"), params)
+
+
+ScenarioTable = Annotated[dict[str, Any], AfterValidator(_checked_scenario),
+                          Field(description="generator parameters of a scenario dataset (its own section)")]
+"""The ``[data.scenario]`` table of a data section whose ``dataset`` field comes before it: checked by
+:func:`scenario_params` against that dataset."""
+
+
+class DataConfig(Section):
+    dataset: Literal["digits", "breast_cancer", "mnist", "synthetic", "coverage", "energy", "kpi_anomaly"] = "digits"
+    num_clients: int | None = Field(
+        None, ge=1, le=100_000,
+        description=f"clients; default {DEFAULT_CLIENTS}, or a scenario's parties (a given value must equal them)",
+    )
+    partition: Literal["iid", "dirichlet", "shards"] = "dirichlet"
+    alpha: float = Field(0.3, gt=0, description="Dirichlet concentration (smaller = more skew)")
+    shards_per_client: int = Field(2, ge=1)
+    test_fraction: float = Field(0.2, gt=0, lt=1)
+    synthetic_alpha: float = Field(1.0, ge=0, description="FedProx Synthetic(alpha, beta): model skew")
+    synthetic_beta: float = Field(1.0, ge=0, description="FedProx Synthetic(alpha, beta): data skew")
+    scenario: ScenarioTable = Field(default_factory=dict)
+
+    @property
+    def is_scenario(self) -> bool:
+        """Whether ``dataset`` is a generated network-analytics scenario."""
+        from sluice.data.scenarios import SCENARIO_NAMES
+
+        return self.dataset in SCENARIO_NAMES

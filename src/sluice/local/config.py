@@ -7,11 +7,11 @@ and its own held-out rows are the test set, so ``test_fraction`` does not apply 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field
 
-from sluice.data.config import scenario_params
+from sluice.data.config import ScenarioTable
 from sluice.schema import Section
 
 
@@ -19,14 +19,7 @@ class LocalData(Section):
     dataset: Literal["digits", "breast_cancer", "mnist", "coverage", "energy", "kpi_anomaly"] = "digits"
     test_fraction: float = Field(0.2, gt=0, lt=1)
     max_train_samples: int | None = Field(None, ge=1, description="start with only this many samples")
-    scenario: dict[str, Any] = Field(
-        default_factory=dict, description="generator parameters of a scenario dataset (its own section)"
-    )
-
-    @field_validator("scenario")
-    @classmethod
-    def _scenario(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
-        return scenario_params(info.data.get("dataset"), v)
+    scenario: ScenarioTable = Field(default_factory=dict)
 
 
 class LocalModel(Section):

@@ -10,11 +10,11 @@ vertical feature groups (:mod:`sluice.vfl.data`), sized by ``[data.scenario]``.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from sluice.data.config import scenario_params
+from sluice.data.config import ScenarioTable
 from sluice.schema import Section
 
 from .topology import TOPOLOGIES, TopologyName
@@ -36,14 +36,7 @@ class SplitDataConfig(Section):
     follower_columns: list[list[int]] | None = Field(
         None, description="feature columns of each follower (default: per dataset and topology)"
     )
-    scenario: dict[str, Any] = Field(
-        default_factory=dict, description="generator parameters of a scenario dataset (its own section)"
-    )
-
-    @field_validator("scenario")
-    @classmethod
-    def _scenario(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
-        return scenario_params(info.data.get("dataset"), v)
+    scenario: ScenarioTable = Field(default_factory=dict)
 
 
 class SplitModelConfig(Section):
