@@ -16,6 +16,8 @@ Estimators (``x`` in R^d, ``k`` kept coordinates):
   estimate ``x_hat = (d/k) * sum_{i in S} x_i e_i`` is unbiased: ``P(i in S) = k/d`` so ``E x_hat = x``.
   The indices are not sent: they are regenerated from the 64-bit seed in the header.
 * top-k keeps the ``k`` largest ``|x_i|`` (biased; explicit indices; scale 1).
+* sample keeps coordinate ``i`` with probability ``p_i ∝ |x_i|`` capped at 1 (``Σ p_i = k``) and sends
+  ``x_i / p_i`` (unbiased; explicit indices; :func:`sample`).
 * count sketch with ``R`` rows and ``C`` columns: row ``j`` has a bucket hash ``h_j: [d] -> [C]`` and a
   sign hash ``s_j: [d] -> {-1, +1}`` (independent fair signs), both derived from a seed carried in the
   payload. ``T[j, c] = sum_{i: h_j(i) = c} s_j(i) x_i``. The receiver unsketches with the MEAN over rows,
@@ -250,6 +252,48 @@ def topk(ratio: float) -> Stage:
     return Stage(_no_state, update)
 
 
+def keep_probabilities(x: np.ndarray, k: int) -> np.ndarray:
+    """Per-coordinate keep probabilities ``p_i = min(1, |x_i| / λ)`` with ``Σ p_i = k`` (all nonzero
+    coordinates kept, ``p_i = 1``, when ``x`` has at most ``k`` of them).
+
+    These minimise the variance ``Σ x_i² (1/p_i − 1)`` of the unbiased estimate ``x_i / p_i`` among
+    probabilities with ``Σ p_i = k`` (Wangni, Wang, Liu, Zhang, "Gradient Sparsification for
+    Communication-Efficient Distributed Optimization", NeurIPS 2018). With ``|x|`` sorted decreasingly,
+    ``a_0 ≥ a_1 ≥ ...`` and tail sums ``T_c = Σ_{j≥c} a_j``, the first ``c`` coordinates are capped at
+    ``p = 1`` for the smallest ``c`` with ``(k − c)·a_c ≤ T_c``, and ``λ = T_c / (k − c)``.
+    """
+    a = np.abs(np.asarray(x, dtype=np.float64))
+    if np.count_nonzero(a) <= k:
+        return (a > 0).astype(np.float64)
+    s = np.sort(a)[::-1]
+    tail = np.cumsum(s[::-1])[::-1]
+    c = np.arange(k)
+    capped = int(np.argmax((k - c) * s[:k] <= tail[:k]))  # c = k−1 always qualifies: a_{k−1} ≤ T_{k−1}
+    return np.minimum(1.0, a / (tail[capped] / (k - capped)))
+
+
+def sample(ratio: float) -> Stage:
+    """Unbiased sparsification by importance: coordinate ``i`` is kept with probability
+    ``p_i`` (:func:`keep_probabilities`, ``k = max(1, round(ratio d))`` expected) and sent as ``x_i / p_i``
+    with explicit indices, so the estimate is unbiased, ``E x̂ = x``, with far less variance than rand-k's
+    ``(d/k − 1)‖x‖²`` when ``x`` is uneven: the coordinates below the cap all travel as ``±λ``, which a
+    sign value coding carries exactly, and the large ones are kept for sure.
+
+    Unlike top-k it needs no residual of what was left out, which is what keeps it sound when a client
+    takes part rarely: a top-k client's residual waits, growing stale, until its next participation,
+    while a sample's leftovers reach the server in expectation at once. The keep draws come from ``rng``.
+    """
+    ratio = _check_ratio("sample", ratio)
+
+    def update(inp: Any, state: Any, rng: np.random.Generator) -> tuple[SparsePayload, Any]:
+        x = _vector(inp)
+        p = keep_probabilities(x, _k_of(ratio, x.shape[0]))
+        idx = np.flatnonzero(rng.random(x.shape[0]) < p)
+        return SparsePayload(d=x.shape[0], values=_wire_values(x[idx] / p[idx]), indices=idx), state
+
+    return Stage(_no_state, update)
+
+
 def count_sketch(
     rows: int, cols: int | None = None, *, cols_ratio: float | None = None, seed: int | None = None
 ) -> Stage:
@@ -294,13 +338,14 @@ VALUE_TYPES: tuple[ValueType, ...] = ("fp32", "fp16", "int8", "sign")
 """Names of the value types, as in configuration (``up_values``, ``down_values``, :func:`cast`)."""
 
 
-def value_type(setting: str, dense: bool) -> ValueType:
+def value_type(setting: str, dense: bool, compressed: ValueType = "int8") -> ValueType:
     """The value type of a vector message from its setting (``up_values``, ``down_values``): one of
-    :data:`VALUE_TYPES`, or ``"auto"`` = fp32 when every coordinate is sent (``dense``) and int8 when the
-    vector is compressed (sparse or sketched), where the saved bytes matter more than the rounding, which
-    error feedback keeps (the residuals of the client's uploads and of the server's steps)."""
+    :data:`VALUE_TYPES`, or ``"auto"`` = fp32 when every coordinate is sent (``dense``) and ``compressed``
+    (int8 unless the caller knows better) when the vector is compressed (sparse or sketched), where the
+    saved bytes matter more than the rounding, which error feedback keeps (the residuals of the client's
+    uploads and of the server's steps)."""
     if setting == "auto":
-        return "fp32" if dense else "int8"
+        return "fp32" if dense else compressed
     return _check_value_type(setting, "a vector value type", "auto, ")
 
 
@@ -475,27 +520,31 @@ class Compressor:
 def make_uplink(cfg: Any) -> Compressor:
     """The uplink compressor described by a :class:`sluice.config.CompressionConfig`.
 
-    ``up`` picks the main stage (dense, randk, topk with ``up_ratio``; sketch with ``sketch_rows`` and
-    ``sketch_cols_ratio``), ``up_values`` the value precision (:func:`value_type`: "auto" is fp32 for dense
-    uploads, int8 otherwise), ``lossless`` the zstd final stage.
+    ``up`` picks the main stage (dense, randk, topk, sample with ``up_ratio``; sketch with ``sketch_rows``
+    and ``sketch_cols_ratio``), ``up_values`` the value precision (:func:`value_type`: "auto" is fp32 for
+    dense uploads, signs for sample uploads, whose values below the cap are all ``±λ``, and int8
+    otherwise), ``lossless`` the zstd final stage.
     """
-    values = value_type(cfg.up_values, dense=cfg.up == "dense")
+    auto = "sign" if cfg.up == "sample" else "int8"
+    values = value_type(cfg.up_values, dense=cfg.up == "dense", compressed=auto)
     if cfg.up == "dense":
         main = dense()
     elif cfg.up == "randk":
         main = randk(cfg.up_ratio)
     elif cfg.up == "topk":
         main = topk(cfg.up_ratio)
+    elif cfg.up == "sample":
+        main = sample(cfg.up_ratio)
     elif cfg.up == "sketch":
         main = count_sketch(cfg.sketch_rows, cols_ratio=cfg.sketch_cols_ratio)
     else:
         raise ConfigError(f"compression.up must be one of dense, randk, topk, sketch; got {cfg.up!r}")
     if cfg.lossless not in ("none", "zstd"):
         raise ConfigError(f"compression.lossless must be 'none' or 'zstd', got {cfg.lossless!r}")
-    name = f"{cfg.up}" + (f"({cfg.up_ratio:g})" if cfg.up in ("randk", "topk") else "")
+    name = f"{cfg.up}" + (f"({cfg.up_ratio:g})" if cfg.up in ("randk", "topk", "sample") else "")
     name += f"+{values}" + ("+zstd" if cfg.lossless == "zstd" else "")
     final = zstd() if cfg.lossless == "zstd" else to_bytes()
-    if cfg.up_feedback and cfg.up in ("randk", "topk"):
+    if cfg.up_feedback and cfg.up in ("randk", "topk", "sample"):
         return Compressor(chain(error_feedback(main, cast(values), biased=cfg.up == "topk"), final),
                           name=name + "+ef")
     return Compressor(chain(main, cast(values), final), name=name)

@@ -1,7 +1,8 @@
 """Configuration of horizontal FL (``sluice run``): data, model, local training and compression.
 
 Every option has a default that runs: digits split by Dirichlet(0.3) over 20 clients, q = 0.25,
-rand-k uploads, server top-k with error feedback and a per-client sparse downlink. ``train.rounds`` is
+unbiased sampled uploads of 2 % of the coordinates with sign values, server top-k with error feedback
+(0.1 % of the coordinates per upload aggregated, int8 steps) and a per-client sparse downlink. ``train.rounds`` is
 the default iteration limit of a job; ``[termination] iterations`` replaces it when given.
 """
 
@@ -37,19 +38,25 @@ class TrainConfig(Section):
 
 
 class CompressionConfig(Section):
-    up: Literal["dense", "randk", "topk", "sketch"] = "topk"
-    up_ratio: float = Field(0.02, gt=0, le=1, description="k/d for rand-k and top-k uploads")
+    up: Literal["dense", "randk", "topk", "sample", "sketch"] = "sample"
+    up_ratio: float = Field(0.02, gt=0, le=1, description="k/d for rand-k, top-k and sample uploads (expected k "
+                                                          "for sample)")
     up_values: Literal["auto", "fp32", "fp16", "int8", "sign"] = Field(
-        "auto", description="upload value type; auto = fp32 for dense uploads, int8 (with a per-message scale) "
-                            "for compressed ones; sign = one bit per value times the mean magnitude"
+        "auto", description="upload value type; auto = fp32 for dense uploads, sign for sample uploads, int8 "
+                            "(with a per-message scale) for other compressed ones; sign = one bit per value "
+                            "times the mean magnitude"
     )
-    up_feedback: bool = Field(True, description="keep what an upload left out (top-k) or rounded (rand-k) "
-                                                "in the client's residual and send it with its next upload")
+    up_feedback: bool = Field(True, description="keep what an upload left out (top-k) or rounded (rand-k, "
+                                                "sample) in the client's residual and send it with its next "
+                                                "upload")
     sketch_rows: int = Field(5, ge=1)
     sketch_cols_ratio: float = Field(0.1, gt=0, le=1, description="sketch columns as a fraction of d")
     lossless: Literal["none", "zstd"] = "none"
     down: Literal["dense", "topk"] = "topk"
-    down_ratio: float = Field(0.005, gt=0, le=1, description="k/d the server applies per round (top-k)")
+    down_ratio: float | None = Field(None, gt=0, le=1, description="k/d the server applies per round (top-k); "
+                                     "unset: down_per_upload times the uploads aggregated")
+    down_per_upload: float = Field(0.001, gt=0, le=1, description="k/d the server applies per upload it "
+                                                                  "aggregated in the round, when down_ratio is unset")
     down_values: Literal["auto", "fp32", "fp16", "int8", "sign"] = Field(
         "auto", description="type of the server's applied steps; auto = int8 (with a per-step scale) with "
                             "top-k, fp32 with dense; sign = one bit per value times the mean magnitude"
@@ -57,6 +64,10 @@ class CompressionConfig(Section):
     momentum: float = Field(0.0, ge=0, lt=1, description="server momentum rho")
     downlink: Literal["dense", "initial", "per-client", "anchor"] = "per-client"
     anchor_every: int = Field(10, ge=1)
+
+    def down_share(self, uploads: int) -> float:
+        """k/d of the server's top-k in a round that aggregated ``uploads`` uploads (at most 1)."""
+        return self.down_ratio if self.down_ratio is not None else min(1.0, self.down_per_upload * max(1, uploads))
 
 
 class HFLConfig(Section):

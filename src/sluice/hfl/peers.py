@@ -13,7 +13,9 @@ halves share: the configuration (its seed) and the round number.
 :data:`PEERS` maps a display name to ``(server class, client class, config overrides)``. The ratios come
 from the configuration where their meaning matches the method's, so a benchmark can put every method on the
 same budget: ``compression.up_ratio`` is the share of coordinates a client sends (STC's p_up, DGC's
-density), ``compression.down_ratio`` the share the server applies and sends (STC's p_down, FetchSGD's k/d),
+density), ``compression.down_ratio`` the share the server applies and sends (STC's p_down, FetchSGD's k/d;
+when unset, Sluice's ``down_per_upload`` times the uploads a round expects, the budget Sluice's own
+server has at full participation of the sampled clients),
 ``compression.momentum`` FetchSGD's server momentum ρ, ``compression.sketch_rows`` /
 ``sketch_cols_ratio`` FetchSGD's sketch shape and ``train.server_lr`` the server step size (1 in every paper).
 Each method's other hyper-parameters sit in a small frozen dataclass (the class attribute ``hparams``), set
@@ -46,8 +48,8 @@ state. All sketches of a run use one set of hash functions, derived from the con
 seed also travels in each sketch and the server checks it): momentum and error accumulation in sketch
 space need the same hashes in every round. The server averages the sketches (a sketch is linear: the
 average of sketches is the sketch of the average), then ``S_u ← ρ·S_u + S``, ``S_e ← S_e + η·S_u``,
-unsketches ``S_e`` with the median over rows and applies the top-k (``k = down_ratio·d``) estimates; it zeroes
-``S_u`` and ``S_e`` at the buckets the applied coordinates hash to (error and momentum reset, as the
+unsketches ``S_e`` with the median over rows and applies the top-k (``k = down_ratio·d``) estimates; it
+zeroes ``S_u`` and ``S_e`` at the buckets the applied coordinates hash to (error and momentum reset, as the
 authors' code does; it notes that subtracting the sketch of the step instead diverges). Downlink, as in the
 paper's setup: the coordinates changed since the client's last sync with their current fp32 values (or
 the dense model when smaller), so the client holds the server model exactly. ρ = 0.9 (the paper's), set by
@@ -160,6 +162,12 @@ class QSGDParams:
 
 
 # ---------------------------------------------------------------------------------------------- helpers
+def _down_share(cfg: HFLConfig, num_clients: int) -> float:
+    """The share the server applies per round: ``compression.down_ratio``, or when unset Sluice's per-upload
+    share times the uploads a round expects, ``round(q·n)``, so peers get the budget Sluice gets."""
+    return cfg.compression.down_share(max(1, round(cfg.train.participation * num_clients)))
+
+
 def _count(ratio: float, d: int) -> int:
     """``k = max(1, round(ratio·d))``, at most ``d``."""
     return min(d, max(1, round(ratio * d)))
@@ -572,7 +580,7 @@ class STCServer(_PeerServer):
 
     def __init__(self, cfg: HFLConfig, params: np.ndarray, num_clients: int) -> None:
         super().__init__(cfg, params, num_clients)
-        self.k = _count(cfg.compression.down_ratio, self.d)
+        self.k = _count(_down_share(cfg, num_clients), self.d)
         self.residual = np.zeros(self.d, dtype=np.float64)
         self.cache = _UpdateCache(self.d, _TAG_TERNARY, self.hparams.cache_rounds)
 
@@ -680,7 +688,7 @@ class FetchSGDServer(_PeerServer):
         super().__init__(cfg, params, num_clients)
         self.rows, self.cols = _sketch_shape(cfg, self.d)
         self.seed = _sketch_seed(cfg)
-        self.k = _count(cfg.compression.down_ratio, self.d)
+        self.k = _count(_down_share(cfg, num_clients), self.d)
         self.rho = cfg.compression.momentum
         self.momentum = np.zeros((self.rows, self.cols), dtype=np.float64)  # S_u
         self.error = np.zeros((self.rows, self.cols), dtype=np.float64)  # S_e

@@ -8,20 +8,31 @@ hidden in globals.
 Notation per round t, over the d model coordinates:
 
 * ``g_t = Σ_c w_c·ĝ_c / Σ_c w_c``: weighted average of the clients' unbiased update estimates ĝ_c
-  (zeros where a client sent nothing; rand-k estimates carry the d/k scale).
-* momentum (optional, ρ > 0): ``m_t = ρ·m_{t−1} + g_t``; with ρ = 0, ``m_t = g_t``.
-* accumulated: ``a_t = m_t + e_{t−1}``. The residual ``e`` is zero at the coordinates applied last round,
-  so at those coordinates ``a_t`` is the aggregate alone (the seed's "first gradients") and elsewhere the
-  aggregate merged with the residual carried from earlier rounds (its "second gradients").
-* applied: ``u_t = topk(a_t)``, rounded to the downlink value type (fp32, fp16, int8 or signs with a
-  per-step scale) after scaling by the server learning rate η: the model moves ``θ_{t+1} = θ_t + s_t``
-  with ``s_t = round(η·u_t)``, a step that travels to clients exactly.
-* error feedback: ``e_t = a_t − s_t/η`` (so Σ_t s_t/η + e_T = Σ_t m_t; the rounding error stays in e).
-* momentum factor masking: the momentum is zeroed at the applied coordinates, ``m_t[idx] = 0``, so a
-  coordinate's velocity is not applied again on top of the residual that already carries it (as in Deep
-  Gradient Compression). With ρ = 0, or when everything is applied, this changes nothing / is skipped.
+  (zeros where a client sent nothing; rand-k and sample estimates carry their ``1/p`` scales).
+* accumulated: ``a_t = g_t + e_{t−1}``. The residual ``e`` is zero at the coordinates applied last round
+  (up to rounding), so at those coordinates ``a_t`` is the aggregate alone (the seed's "first gradients")
+  and elsewhere the aggregate merged with the residual carried from earlier rounds (its "second
+  gradients").
+* selected: ``I_t = topk(a_t)`` with ``k = down_ratio·d`` per round, or, by default,
+  ``k = down_per_upload·d`` per upload aggregated this round: the server passes on a fixed share of
+  what it received, so a round that aggregates twice the uploads applies twice the coordinates instead
+  of letting the residual (and with it the lag of the clients' model behind the aggregate) grow.
+* applied: ``s_t[i] = round(η·a_t[i] + ρ·v_{t−1}[i])`` on ``I_t`` and 0 elsewhere, rounded to the downlink
+  value type (fp32, fp16, int8 or signs with a per-step scale): the model moves ``θ_{t+1} = θ_t + s_t``, a
+  step that travels to clients exactly.
+* sparse heavy ball (ρ > 0): the velocity is the applied step, ``v_t[i] = s_t[i]`` on ``I_t``, decaying as
+  ``ρ·v`` elsewhere. A coordinate selected round after round moves as under dense momentum
+  (``v_t = η·g_t + ρ·v_{t−1}``, FedAvgM); one left out keeps no pending velocity to burst with later.
+  The momentum is applied only where the step goes, so the step stays sparse, and momentum never enters
+  the residual: a residual of momentum-amplified mass, released in bursts against a model that lags the
+  dense one, is what made momentum 0.9 lose the model (and masking the momentum at the applied
+  coordinates, as DGC does, stops exactly the coordinates that matter from accelerating).
+* error feedback: ``e_t = a_t − (s_t − ρ·v_{t−1})/η`` on ``I_t`` and ``a_t`` elsewhere: the gradient part of
+  the step leaves the residual, with its rounding error kept, so ``Σ_t (s_t − ρ·v_{t−1})/η + e_T = Σ_t g_t``
+  and nothing aggregated is ever lost, only delayed.
 
-``ratio = 1`` (``compression.down = "dense"``) applies the whole aggregate: plain FedAvg.
+With ρ = 0 this is top-k with error feedback; with everything applied (``ratio = 1``) it is FedAvgM.
+``ratio = 1`` (``compression.down = "dense"``) applies the whole aggregate: plain FedAvg(M).
 """
 
 from __future__ import annotations
@@ -75,41 +86,41 @@ def server_step(
     state: ServerState, g: np.ndarray, *, ratio: float, rho: float = 0.0, lr: float = 1.0,
     values: ValueType = "fp32",
 ) -> tuple[ServerState, np.ndarray, SparsePayload]:
-    """Apply the top-k of (momentum + residual); return the new state, the applied indices and the step.
+    """Apply the top-k of (aggregate + residual) with the sparse heavy ball (module docstring); return the
+    new state, the applied indices and the step.
 
-    The step ``s = round(lr·acc[idx])`` is a sparse payload of value type ``values`` (fp16 values are
-    clipped to its range; int8 values and signs carry a per-step scale,
+    The step ``s = round(lr·acc[idx] + rho·velocity[idx])`` is a sparse payload of value type ``values``
+    (fp16 values are clipped to its range; int8 values and signs carry a per-step scale,
     :func:`sluice.compress.codecs.quantize_int8`, :func:`sluice.compress.codecs.quantize_sign`) and
     ``params[idx] += float_values(s)`` in float32: a client that adds the same steps in the same order
-    holds the same model bit for bit. The rounding error stays in the residual:
-    ``Σ s/lr + residual = Σ aggregated``.
+    holds the same model bit for bit. ``state.momentum`` holds the velocity (the last applied step of each
+    coordinate, decayed by ``rho`` every round).
     """
     d = g.shape[0]
-    momentum = rho * state.momentum + g if rho > 0 else g.astype(np.float64, copy=True)
-    acc = momentum + state.residual
-    if ratio >= 1.0:
-        idx = np.arange(d, dtype=np.int64)
-    else:
-        idx = topk_indices(acc, max(1, int(round(ratio * d))))
-    scaled = lr * acc[idx]
+    acc = g.astype(np.float64) + state.residual
+    velocity = rho * state.momentum if rho > 0 else np.zeros(d, dtype=np.float64)
+    k = max(1, int(round(ratio * d)))
+    idx = np.arange(d, dtype=np.int64) if k >= d else topk_indices(acc, k)
+    carried = velocity[idx]
+    want = lr * acc[idx] + carried
     if values in QUANTIZERS:
-        q, vscale = QUANTIZERS[values](scaled)
+        q, vscale = QUANTIZERS[values](want)
         step = SparsePayload(d=d, values=q, indices=idx, vscale=vscale)
     elif values == "fp16":
-        scaled = np.clip(scaled, -dtypes.FP16_MAX, dtypes.FP16_MAX)
-        step = SparsePayload(d=d, values=scaled.astype(dtypes.FP16.numpy), indices=idx)
+        want = np.clip(want, -dtypes.FP16_MAX, dtypes.FP16_MAX)
+        step = SparsePayload(d=d, values=want.astype(dtypes.FP16.numpy), indices=idx)
     elif values == "fp32":
-        step = SparsePayload(d=d, values=scaled.astype(dtypes.FP32.numpy), indices=idx)
+        step = SparsePayload(d=d, values=want.astype(dtypes.FP32.numpy), indices=idx)
     else:
         raise ConfigError(f"server step values must be one of {', '.join(VALUE_TYPES)}; got {values!r}")
     moved = float_values(step)
-    residual = acc.copy()
-    residual[idx] -= moved.astype(np.float64) / lr
-    if rho > 0 and ratio < 1.0:
-        momentum[idx] = 0.0
+    residual = acc
+    residual[idx] -= (moved.astype(np.float64) - carried) / lr
+    if rho > 0:
+        velocity[idx] = moved
     params = state.params.copy()
     params[idx] += moved
-    return ServerState(params=params, residual=residual, momentum=momentum, round=state.round + 1), idx, step
+    return ServerState(params=params, residual=residual, momentum=velocity, round=state.round + 1), idx, step
 
 
 class Server:
@@ -182,7 +193,7 @@ class Server:
             g = aggregate([self._uploads[i][0] for i in ids], [self._uploads[i][1] for i in ids], self.d)
             dense_down = c.down == "dense"
             self.state, _, step = server_step(
-                self.state, g, ratio=1.0 if dense_down else c.down_ratio, rho=c.momentum,
+                self.state, g, ratio=1.0 if dense_down else c.down_share(len(ids)), rho=c.momentum,
                 lr=self.cfg.train.server_lr, values=value_type(c.down_values, dense=dense_down))
         else:
             s = self.state
