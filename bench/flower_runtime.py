@@ -1,6 +1,6 @@
 """Sluice on Flower's deployment engine against Flower's own FedAvg app, on the same SuperNodes.
 
-Scenario: the default ``sluice run`` job (digits, Dirichlet 0.3, rand-k 2 % up, top-k 0.5 % down with a
+Scenario: the default ``sluice run`` job (digits, Dirichlet 0.3, its default compression both ways with a
 per-client downlink) with ``data.num_clients = 4`` and every client in every round
 (``train.participation = 1``), on a local TLS deployment: one SuperLink and 4 SuperNodes on 127.0.0.1.
 

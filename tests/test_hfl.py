@@ -103,12 +103,15 @@ def test_dense_ratio_is_fedavg() -> None:
 
 @pytest.mark.parametrize(
     ("down", "down_values", "expected"),
-    [("topk", "auto", np.int8), ("dense", "auto", np.float32), ("topk", "fp32", np.float32),
-     ("dense", "fp16", np.float16), ("topk", "fp16", np.float16), ("topk", "sign", np.int8)],
+    [("topk", "auto", "sign"), ("dense", "auto", np.float32), ("topk", "fp32", np.float32),
+     ("dense", "fp16", np.float16), ("topk", "fp16", np.float16), ("topk", "sign", "sign"),
+     ("topk", "int8", np.int8)],
 )
-def test_server_steps_take_the_downlink_value_type(down: str, down_values: str, expected: type) -> None:
-    """``down_values = "auto"`` is int8 (with a per-step scale) with a top-k downlink, fp32 with a dense one."""
-    cfg = _small(**{"compression.down": down, "compression.down_values": down_values})
+def test_server_steps_take_the_downlink_value_type(down: str, down_values: str, expected: type | str) -> None:
+    """``down_values = "auto"`` is signs (one bit a value, with a per-step scale) with a top-k downlink, fp32
+    with a dense one."""
+    cfg = _small(**{"compression.down": down, "compression.down_values": down_values,
+                    "compression.down_ratio": 0.02})
     d = 200
     server = Server(cfg, np.zeros(d, dtype=np.float32), num_clients=1)
     server.message(0)
@@ -117,7 +120,9 @@ def test_server_steps_take_the_downlink_value_type(down: str, down_values: str, 
     server.close_round()
     (_, step), = server.downlink.log
     idx = step.indices
-    assert step.values.dtype == expected and len(idx) == (d if down == "dense" else 1)
+    signs = expected == "sign"
+    assert step.values.dtype == (np.int8 if signs else expected) and len(idx) == (d if down == "dense" else 4)
+    assert signs == (step.vscale is not None and bool(np.all(np.abs(step.values) == 1)))
     np.testing.assert_array_equal(server.params[idx], float_values(step))
 
 

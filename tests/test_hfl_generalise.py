@@ -41,6 +41,11 @@ def test_keep_probabilities_sum_to_k_cap_at_one_and_follow_magnitude() -> None:
     sparse = np.zeros(50)
     sparse[[3, 9]] = [1.0, -2.0]
     np.testing.assert_array_equal(keep_probabilities(sparse, 5), (sparse != 0).astype(float))
+    diverged = x.copy()
+    diverged[[7, 11]] = [np.nan, np.inf]
+    p = keep_probabilities(diverged, 100)
+    assert p[7] == p[11] == 1 and p.sum() == pytest.approx(100, abs=1e-9)  # sent for sure
+    assert not keep_probabilities(x, 0).any()
 
 
 def test_sample_is_unbiased_with_far_less_variance_than_randk() -> None:

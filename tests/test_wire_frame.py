@@ -246,7 +246,10 @@ def test_randk_reference_size() -> None:
     assert len(vector.encode(p)) == 2 * k + 21
 
 
-def test_patch_chain_is_one_byte_longer_per_part_and_one_for_the_chain() -> None:
+def test_compact_patch_chain_parts_drop_frame_d_and_crc() -> None:
+    """Against version 1 a compact chain part has no magic, version, CRC or d of its own (the chain carries
+    d once and one CRC for all) and gains a kind-free header: ``6 + len(varint d)`` bytes shorter a part;
+    the chain itself gains its flags byte and d."""
     rng = np.random.default_rng(4)
     d = 5000
     parts = tuple(
@@ -256,9 +259,11 @@ def test_patch_chain_is_one_byte_longer_per_part_and_one_for_the_chain() -> None
     )
     chain = PatchChain(parts)
     v1_parts = [_v1_size(p) for p in parts]
-    assert all(len(varint(n)) == len(varint(n + 1)) for n in v1_parts)  # no length varint grows here
     v1 = 3 + len(varint(len(parts))) + sum(len(varint(n)) + n for n in v1_parts) + 4
-    assert len(vector.encode(chain)) == v1 + 1 + len(parts)
+    compact = [n - 6 - len(varint(d)) for n in v1_parts]
+    now = 3 + 1 + len(varint(len(parts))) + len(varint(d)) + sum(len(varint(n)) + n for n in compact) + 4
+    assert len(vector.encode(chain)) == now
+    assert v1 - now >= len(parts) * (6 + len(varint(d))) - 1 - len(varint(d))
 
 
 def test_tensor_frames_are_three_bytes_shorter_than_in_version_1() -> None:

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sluice.errors import WireError
-from sluice.wire.frame import KIND_CHAIN
+from sluice.wire.frame import KIND_CHAIN, frame
 from sluice.wire.frame import varint as _varint
 from sluice.wire.vector import (
     FLAG_ZSTD,
@@ -423,7 +423,14 @@ def test_patch_chain_round_trip_and_corruption(parts: int) -> None:
     chain_ = _chain(parts, parts)
     buf = encode(chain_)
     assert decode(buf) == chain_
-    assert len(buf) == 4 + 1 + sum(len(encode(p)) + len(_varint(len(encode(p)))) for p in chain_.parts) + 4
+    d = 3000 if parts else 0
+    compact = [len(encode(p)) - 7 - len(_varint(d)) for p in chain_.parts]  # no frame header, CRC or d
+    assert len(buf) == 4 + 1 + len(_varint(d)) + sum(n + len(_varint(n)) for n in compact) + 4
+    # the full-frame layout (flag bit 0 clear) still decodes to the same chain
+    full = [encode(p) for p in chain_.parts]
+    legacy = frame(KIND_CHAIN, bytes([0]) + _varint(len(full)), *(_varint(len(m)) + m for m in full))
+    assert decode(legacy) == chain_ and len(legacy) - len(buf) == sum(
+        len(m) - n for m, n in zip(full, compact, strict=True)) - len(_varint(d))
     for cut in range(len(buf)):
         with pytest.raises(WireError):
             decode(buf[:cut])

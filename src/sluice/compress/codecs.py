@@ -260,9 +260,18 @@ def keep_probabilities(x: np.ndarray, k: int) -> np.ndarray:
     probabilities with ``Σ p_i = k`` (Wangni, Wang, Liu, Zhang, "Gradient Sparsification for
     Communication-Efficient Distributed Optimization", NeurIPS 2018). With ``|x|`` sorted decreasingly,
     ``a_0 ≥ a_1 ≥ ...`` and tail sums ``T_c = Σ_{j≥c} a_j``, the first ``c`` coordinates are capped at
-    ``p = 1`` for the smallest ``c`` with ``(k − c)·a_c ≤ T_c``, and ``λ = T_c / (k − c)``.
+    ``p = 1`` for the smallest ``c`` with ``(k − c)·a_c ≤ T_c``, and ``λ = T_c / (k − c)``. Non-finite
+    values are kept for sure.
     """
     a = np.abs(np.asarray(x, dtype=np.float64))
+    bad = ~np.isfinite(a)
+    if bad.any():  # sent for sure, as top-k would send them, so that the receiver sees the divergence
+        a[bad] = 0.0
+        p = keep_probabilities(a, max(0, k - int(bad.sum())))
+        p[bad] = 1.0
+        return p
+    if k <= 0:
+        return np.zeros_like(a)
     if np.count_nonzero(a) <= k:
         return (a > 0).astype(np.float64)
     s = np.sort(a)[::-1]

@@ -2,9 +2,9 @@
 
 Every option has a default that runs: digits split by Dirichlet(0.3) over 20 clients, q = 0.25,
 unbiased sampled uploads of 2 % of the coordinates with sign values, server top-k with error feedback
-(0.1 % of the coordinates per upload aggregated, int8 steps) and a per-client sparse downlink. ``train.rounds`` is
-the default iteration limit of a job; ``[termination] iterations`` replaces it when given.
-"""
+(0.1 % of the coordinates per upload aggregated, steps of one sign bit a value) and a per-client sparse
+downlink. ``train.rounds`` is the default iteration limit of a job; ``[termination] iterations``
+replaces it when given."""
 
 from __future__ import annotations
 
@@ -58,8 +58,8 @@ class CompressionConfig(Section):
     down_per_upload: float = Field(0.001, gt=0, le=1, description="k/d the server applies per upload it "
                                                                   "aggregated in the round, when down_ratio is unset")
     down_values: Literal["auto", "fp32", "fp16", "int8", "sign"] = Field(
-        "auto", description="type of the server's applied steps; auto = int8 (with a per-step scale) with "
-                            "top-k, fp32 with dense; sign = one bit per value times the mean magnitude"
+        "auto", description="type of the server's applied steps; auto = sign (one bit per value times the mean "
+                            "magnitude) with top-k, fp32 with dense; int8 = with a per-step scale"
     )
     momentum: float = Field(0.0, ge=0, lt=1, description="server momentum rho")
     downlink: Literal["dense", "initial", "per-client", "anchor"] = "per-client"

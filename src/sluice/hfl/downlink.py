@@ -6,7 +6,8 @@ stamp per coordinate (``stamp[i]`` = the last round coordinate i changed) and, p
 last synced. A client that synced at round r holds θ_r exactly, and the message for it is the smallest of
 
 * the **patch chain**: the logged steps of rounds r+1..t, which the client adds in order, repeating the
-  server's own float32 additions (cheap when steps travel as fp16);
+  server's own float32 additions (cheap when steps travel as signs or int8: one compact frame, see
+  :mod:`sluice.wire.vector`);
 * the **replacement patch**: the coordinates changed since r, ``{i : stamp[i] > r}``, with their current
   fp32 values, which the client overwrites (cheap when the same coordinates changed several times);
 * the dense model.

@@ -24,15 +24,16 @@ Notation per round t, over the d model coordinates:
   ``ρ·v`` elsewhere. A coordinate selected round after round moves as under dense momentum
   (``v_t = η·g_t + ρ·v_{t−1}``, FedAvgM); one left out keeps no pending velocity to burst with later.
   The momentum is applied only where the step goes, so the step stays sparse, and momentum never enters
-  the residual: a residual of momentum-amplified mass, released in bursts against a model that lags the
-  dense one, is what made momentum 0.9 lose the model (and masking the momentum at the applied
-  coordinates, as DGC does, stops exactly the coordinates that matter from accelerating).
+  the residual. SPEC C2 puts the momentum on the aggregate before the selection (``g_t = ρ·g_{t−1} + g_t``);
+  with top-k that fills the residual with momentum-amplified mass, released in bursts against a model
+  that lags the dense one, which is what made momentum 0.9 lose the model (and masking the momentum at
+  the applied coordinates, as DGC does, stops exactly the coordinates that matter from accelerating).
 * error feedback: ``e_t = a_t − (s_t − ρ·v_{t−1})/η`` on ``I_t`` and ``a_t`` elsewhere: the gradient part of
   the step leaves the residual, with its rounding error kept, so ``Σ_t (s_t − ρ·v_{t−1})/η + e_T = Σ_t g_t``
   and nothing aggregated is ever lost, only delayed.
 
-With ρ = 0 this is top-k with error feedback; with everything applied (``ratio = 1``) it is FedAvgM.
-``ratio = 1`` (``compression.down = "dense"``) applies the whole aggregate: plain FedAvg(M).
+With ρ = 0 this is top-k with error feedback. ``ratio = 1`` (``compression.down = "dense"``) applies the
+whole aggregate: plain FedAvg, and with ρ > 0 FedAvgM.
 """
 
 from __future__ import annotations
@@ -194,7 +195,7 @@ class Server:
             dense_down = c.down == "dense"
             self.state, _, step = server_step(
                 self.state, g, ratio=1.0 if dense_down else c.down_share(len(ids)), rho=c.momentum,
-                lr=self.cfg.train.server_lr, values=value_type(c.down_values, dense=dense_down))
+                lr=self.cfg.train.server_lr, values=value_type(c.down_values, dense=dense_down, compressed="sign"))
         else:
             s = self.state
             self.state = ServerState(s.params, s.residual, s.momentum, s.round + 1)
