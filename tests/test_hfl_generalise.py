@@ -23,6 +23,10 @@ from sluice.hfl.server import Server, init_server, server_step
 from sluice.wire.vector import DensePayload, decode, encode
 
 
+def _encode_dense(x: np.ndarray) -> bytes:
+    return encode(DensePayload(x.astype(np.float32)))
+
+
 def _heavy_tailed(rng: np.random.Generator, d: int) -> np.ndarray:
     return rng.normal(size=d) * rng.pareto(2.0, size=d)
 
@@ -115,19 +119,15 @@ def test_server_budget_grows_with_the_uploads_aggregated() -> None:
         server = Server(cfg, np.zeros(d, dtype=np.float32), num_clients=20)
         rng = np.random.default_rng(uploads)
         for c in range(uploads):
-            server.receive(c, encode_dense(rng.normal(size=d)), 1.0)
+            server.receive(c, _encode_dense(rng.normal(size=d)), 1.0)
         server.close_round()
         assert np.count_nonzero(server.params) == round(0.001 * d * uploads)
     fixed = load_config(None, ["compression.down_ratio=0.005", "compression.downlink=\"dense\""], HFLConfig)
     server = Server(fixed, np.zeros(d, dtype=np.float32), num_clients=20)
     for c in range(10):
-        server.receive(c, encode_dense(np.random.default_rng(c).normal(size=d)), 1.0)
+        server.receive(c, _encode_dense(np.random.default_rng(c).normal(size=d)), 1.0)
     server.close_round()
     assert np.count_nonzero(server.params) == 100  # an explicit down_ratio is per round
-
-
-def encode_dense(x: np.ndarray) -> bytes:
-    return encode(DensePayload(x.astype(np.float32)))
 
 
 def test_dense_step_with_momentum_is_fedavgm() -> None:
