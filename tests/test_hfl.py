@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from sluice.compress.codecs import topk
 from sluice.config import load_config
 from sluice.errors import ConfigError
 from sluice.hfl import HFLEngine
@@ -294,3 +295,16 @@ def test_requirements_refuse_or_wait_for_too_little_data_and_refuse_too_slow_rou
     assert report.cause == Cause.INSUFFICIENT_COMPUTE and report.iterations == 0
     report = train(HFLEngine(cfg), Termination(iterations=3), Requirements(min_data_amount=10))
     assert report.iterations == 3
+
+
+@pytest.mark.parametrize("values", ["sign", "int8", "fp32"])
+def test_coordinates_with_nothing_to_move_are_left_out(values: str) -> None:
+    """Fewer nonzero coordinates than k (frozen layers): the step leaves the zeros out, which a sign value
+    could not carry (it would move them by the scale)."""
+    g = np.zeros(1000)
+    g[[4, 50, 700]] = [0.5, -0.25, 1.0]
+    state, idx, step = server_step(init_server(np.zeros(1000, dtype=np.float32)), g, ratio=0.01, values=values)
+    assert idx.tolist() == [4, 50, 700] and step.k == 3
+    assert np.count_nonzero(state.params) == 3
+    out = topk(0.01).update(g, None, np.random.default_rng(0))[0]
+    assert out.indices.tolist() == [4, 50, 700]

@@ -241,12 +241,14 @@ def randk(ratio: float) -> Stage:
 
 
 def topk(ratio: float) -> Stage:
-    """Top-k: the ``k = max(1, round(ratio d))`` largest ``|x_i|`` with explicit indices, scale 1."""
+    """Top-k: the ``k = max(1, round(ratio d))`` largest ``|x_i|`` with explicit indices, scale 1; zeros are
+    left out (fewer than ``k`` are sent when ``x`` has fewer nonzero values: a sign value cannot say 0)."""
     ratio = _check_ratio("top-k", ratio)
 
     def update(inp: Any, state: Any, rng: np.random.Generator) -> tuple[SparsePayload, Any]:
         x = _vector(inp)
         idx = topk_indices(x, _k_of(ratio, x.shape[0]))
+        idx = idx[x[idx] != 0]
         return SparsePayload(d=x.shape[0], values=_wire_values(x[idx]), indices=idx), state
 
     return Stage(_no_state, update)

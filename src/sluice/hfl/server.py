@@ -90,9 +90,11 @@ def server_step(
     """Apply the top-k of (aggregate + residual) with the sparse heavy ball (module docstring); return the
     new state, the applied indices and the step.
 
-    The step ``s = round(lr·acc[idx] + rho·velocity[idx])`` is a sparse payload of value type ``values``
-    (fp16 values are clipped to its range; int8 values and signs carry a per-step scale,
-    :func:`sluice.compress.codecs.quantize_int8`, :func:`sluice.compress.codecs.quantize_sign`) and
+    ``idx`` is the top-k of ``acc`` less the coordinates with nothing to move (zero accumulated and zero
+    velocity, e.g. frozen layers). The step ``s = round(lr·acc[idx] + rho·velocity[idx])`` is a sparse
+    payload of value type ``values`` (fp16 values are clipped to its range; int8 values and signs carry a
+    per-step scale, :func:`sluice.compress.codecs.quantize_int8`, :func:`sluice.compress.codecs.quantize_sign`)
+    and
     ``params[idx] += float_values(s)`` in float32: a client that adds the same steps in the same order
     holds the same model bit for bit. ``state.momentum`` holds the velocity (the last applied step of each
     coordinate, decayed by ``rho`` every round).
@@ -102,6 +104,7 @@ def server_step(
     velocity = rho * state.momentum if rho > 0 else np.zeros(d, dtype=np.float64)
     k = max(1, int(round(ratio * d)))
     idx = np.arange(d, dtype=np.int64) if k >= d else topk_indices(acc, k)
+    idx = idx[(acc[idx] != 0) | (velocity[idx] != 0)]  # nothing to move there (and a sign cannot say 0)
     carried = velocity[idx]
     want = lr * acc[idx] + carried
     if values in QUANTIZERS:
