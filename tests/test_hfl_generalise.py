@@ -91,8 +91,8 @@ def test_clients_taking_part_once_reach_the_server_unbiased_only_when_sampled() 
 
 
 def test_sample_upload_keeps_only_sign_rounding_in_the_residual() -> None:
-    """The default upload (sample, sign values): the residual is what the sign rounding left out of the
-    unbiased estimate, so Σ delivered + residual = Σ of the estimates before rounding."""
+    """The default upload (sample, sign values): the new residual is what the sign rounding left out of the
+    unbiased estimate, so what a message delivers plus that residual is the estimate before rounding."""
     cfg = CompressionConfig()
     comp = make_uplink(cfg)
     assert comp.name == "sample(0.02)+sign+ef"

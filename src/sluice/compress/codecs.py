@@ -549,7 +549,7 @@ def make_uplink(cfg: Any) -> Compressor:
     elif cfg.up == "sketch":
         main = count_sketch(cfg.sketch_rows, cols_ratio=cfg.sketch_cols_ratio)
     else:
-        raise ConfigError(f"compression.up must be one of dense, randk, topk, sketch; got {cfg.up!r}")
+        raise ConfigError(f"compression.up must be one of dense, randk, topk, sample, sketch; got {cfg.up!r}")
     if cfg.lossless not in ("none", "zstd"):
         raise ConfigError(f"compression.lossless must be 'none' or 'zstd', got {cfg.lossless!r}")
     name = f"{cfg.up}" + (f"({cfg.up_ratio:g})" if cfg.up in ("randk", "topk", "sample") else "")
