@@ -208,3 +208,27 @@ def test_tokens_file_is_owner_only_even_over_a_leftover(tmp_path) -> None:
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert not leftover.exists()
     assert [e.token_sha256 for e in read_tokens_file(path)] == [hash_token(token)]
+
+
+def _add_tokens(path: str, consumer: str, n: int) -> list[str]:
+    return [hash_token(add_token(path, consumer)) for _ in range(n)]
+
+
+def test_tokens_added_at_once_from_many_processes_are_all_kept(tmp_path) -> None:
+    """Concurrent `sluice token add` runs (separate processes) serialise on the tokens file's lock: every
+    token added is in the file, none lost to another run's read-modify-write, and a revoke racing the
+    adds removes exactly its consumer's tokens."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from sluice.service.auth import read_tokens_file, revoke_tokens
+
+    path = str(tmp_path / "tokens.toml")
+    _add_tokens(path, "gone", 3)
+    with ProcessPoolExecutor(6, mp_context=multiprocessing.get_context("fork")) as pool:
+        adds = [pool.submit(_add_tokens, path, f"c{i}", 8) for i in range(5)]
+        revoked = pool.submit(revoke_tokens, path, "gone")
+        added = {h for f in adds for h in f.result()}
+    assert revoked.result() == 3
+    assert len(added) == 40
+    assert {e.token_sha256 for e in read_tokens_file(path)} == added

@@ -39,6 +39,8 @@ import hmac
 import os
 import secrets
 import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -128,6 +130,22 @@ def write_tokens_file(path: str | Path, entries: list[TokenEntry]) -> None:
     _write(Path(path), tomli_w.dumps(doc).encode("utf-8"), secret=True)
 
 
+@contextmanager
+def _editing(path: str | Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``<tokens file>.lock`` while the file is read, changed and replaced, so
+    that two ``sluice token add``/``revoke`` run at once never lose each other's change (the file itself
+    is replaced by a rename, so the lock lives beside it). Closing the descriptor releases the lock."""
+    import fcntl
+
+    p = Path(path)
+    fd = os.open(p.with_name(p.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def add_token(path: str | Path, consumer: str, *, admin: bool = False) -> str:
     """A new token for ``consumer``, its hash added to the tokens file (created if missing). The token
     itself is returned once and stored nowhere."""
@@ -136,16 +154,18 @@ def add_token(path: str | Path, consumer: str, *, admin: bool = False) -> str:
     token = new_token()
     entry = validate(TokenEntry, {"consumer": consumer, "role": "admin" if admin else "consumer",
                                   "token_sha256": hash_token(token)})
-    entries = read_tokens_file(path) if Path(path).exists() else []
-    write_tokens_file(path, [*entries, entry])
+    with _editing(path):
+        entries = read_tokens_file(path) if Path(path).exists() else []
+        write_tokens_file(path, [*entries, entry])
     return token
 
 
 def revoke_tokens(path: str | Path, consumer: str) -> int:
     """Remove every token of ``consumer`` from the tokens file; how many were removed."""
-    entries = read_tokens_file(path)
-    kept = [e for e in entries if e.consumer != consumer]
-    write_tokens_file(path, kept)
+    with _editing(path):
+        entries = read_tokens_file(path)
+        kept = [e for e in entries if e.consumer != consumer]
+        write_tokens_file(path, kept)
     return len(entries) - len(kept)
 
 
