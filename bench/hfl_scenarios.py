@@ -27,10 +27,11 @@ from pathlib import Path
 
 DENSE = ["compression.up=\"dense\"", "compression.down=\"dense\"", "compression.downlink=\"dense\""]
 PREVIOUS_NAME = "Sluice, earlier default (top-k int8)"
-PREVIOUS = ['compression.up="topk"', "compression.down_ratio=0.005", 'compression.down_values="int8"']
+PREVIOUS = ['compression.up="topk"', "compression.down_ratio=0.005", 'compression.down_values="int8"',
+            "compression.down_adapt=0"]
 """Sluice's earlier default: top-k uploads of int8 values with a client residual and a fixed top-k of 0.5 %
-of the coordinates per round at the server, as int8 steps (under today's server step, whose momentum is
-the sparse heavy ball)."""
+of the coordinates per round at the server, as int8 steps of a fixed gain (under today's server step,
+whose momentum is the sparse heavy ball)."""
 
 SCENARIOS: dict[str, dict] = {
     "default (digits Dir 0.3, 20 clients, q 0.25)": {"over": [], "peers": True},

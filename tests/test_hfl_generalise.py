@@ -9,6 +9,8 @@
   model behind the aggregate, grow with the uploads a round aggregates; the default budget is per upload.
 * Momentum: the heavy ball lives on the applied coordinates only, never in the residual, so a selected
   coordinate moves as under FedAvgM and no momentum-amplified mass is released in bursts.
+* A fixed server step: a sparse step moves a coordinate once in many rounds; the adaptive step sizes that
+  move from whether the next aggregate keeps the step's sign, and converges several times closer.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ import pytest
 from sluice.compress.codecs import cast, error_feedback, keep_probabilities, make_uplink, randk, sample, to_dense, topk
 from sluice.config import load_config
 from sluice.hfl.config import CompressionConfig, HFLConfig
-from sluice.hfl.server import Server, init_server, server_step
-from sluice.wire.vector import DensePayload, decode, encode
+from sluice.hfl.server import GAIN_BOUNDS, Server, adapt_gain, init_server, server_step
+from sluice.wire.vector import DensePayload, decode, encode, float_values
 
 
 def _encode_dense(x: np.ndarray) -> bytes:
@@ -168,3 +170,101 @@ def test_sparse_heavy_ball_accelerates_selected_coordinates_and_keeps_the_residu
     never = state.params == 0  # never selected: no velocity, their whole gradient in the residual
     assert never.sum() > d // 2 and not state.momentum[never].any()
     np.testing.assert_allclose(state.residual[never], total[never], atol=1e-12)
+
+
+def _answer(state, rng: np.random.Generator, sign: int) -> np.ndarray:
+    """An aggregate that keeps (sign 1) or turns (sign -1) the last step's signs where it went."""
+    g = 0.1 * rng.normal(size=state.params.shape[0])
+    g[state.last_idx] = sign * state.last_sign
+    return g
+
+
+def test_adaptive_gain_rises_while_aggregates_keep_the_step_sign_and_falls_when_they_turn() -> None:
+    d, beta = 400, 1.0
+    rng = np.random.default_rng(7)
+    g = rng.normal(size=d)
+    state, idx, _ = server_step(init_server(np.zeros(d, dtype=np.float32)), g, ratio=0.05, values="sign",
+                                adapt=beta)
+    assert state.gain == 1.0 and len(idx) == 20  # nothing to compare with yet
+    assert np.array_equal(state.last_idx, idx) and np.array_equal(state.last_sign, np.sign(g[idx]))
+    assert adapt_gain(state, g, beta) == pytest.approx(np.exp(beta / 2))  # every sign kept: A = 1
+    assert adapt_gain(state, -g, beta) == pytest.approx(np.exp(-beta / 2))  # every sign turned: A = 0
+    half = g.copy()
+    half[idx[::2]] *= -1
+    assert adapt_gain(state, half, beta) == pytest.approx(1.0)  # A = 1/2
+    silent = g.copy()
+    silent[idx] = 0  # nothing arrived where the step went: no evidence, the gain stays
+    assert adapt_gain(state, silent, beta) == 1.0
+    assert adapt_gain(state, -g, 0.0) == 1.0  # beta = 0: a fixed step
+    for sign, bound in ((1, GAIN_BOUNDS[1]), (-1, GAIN_BOUNDS[0])):
+        s = state
+        for _ in range(12):
+            s, _, _ = server_step(s, _answer(s, rng, sign), ratio=0.05, values="sign", adapt=beta)
+        assert s.gain == pytest.approx(bound)
+
+
+def test_adaptive_gain_scales_the_step_and_the_residual_keeps_the_aggregate_mass() -> None:
+    """The gradient part of a step is lr·G·acc; the residual gives up (step − carried velocity)/(lr·G),
+    so Σ (applied − carried)/(lr·G_t) + residual = Σ aggregated with the gain and the heavy ball on."""
+    d, rho, lr = 500, 0.9, 0.5
+    rng = np.random.default_rng(8)
+    state = init_server(np.zeros(d, dtype=np.float32))
+    total, spent = np.zeros(d), np.zeros(d)
+    gains = []
+    for t in range(60):
+        g = rng.normal(size=d) + (1.0 if t < 30 else -1.0)  # a steady direction, then a turn
+        velocity = rho * state.momentum
+        state, idx, step = server_step(state, g, ratio=0.02, rho=rho, lr=lr, values="sign", adapt=1.0)
+        spent[idx] += (float_values(step).astype(np.float64) - velocity[idx]) / (lr * state.gain)
+        total += g
+        gains.append(state.gain)
+    np.testing.assert_allclose(spent + state.residual, total, atol=1e-4)
+    assert max(gains[:30]) > 2 and gains[-1] < max(gains)
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.01])
+def test_adaptive_step_converges_closer_than_a_fixed_step(noise: float) -> None:
+    """Sparse sign steps on a quadratic (each round's aggregate is a small step towards the optimum,
+    plus noise): after 300 rounds the adaptive step is several times closer than the fixed one."""
+
+    def distance(beta: float) -> float:
+        rng = np.random.default_rng(0)
+        target = rng.normal(size=2000)
+        state = init_server(np.zeros(2000, dtype=np.float32))
+        for _ in range(300):
+            g = 0.02 * (target - state.params) + noise * rng.normal(size=2000)
+            state, _, _ = server_step(state, g, ratio=0.01, values="sign", adapt=beta)
+        return float(np.linalg.norm(state.params - target) / np.linalg.norm(target))
+
+    fixed, adaptive = distance(0.0), distance(1.0)
+    assert adaptive < fixed / 2, (fixed, adaptive)
+
+
+def test_dense_server_and_saved_state_keep_the_gain() -> None:
+    """compression.down = "dense" is FedAvg whatever down_adapt says (the gain stays 1); a saved server
+    resumes with its gain and last step."""
+    d = 300
+    rng = np.random.default_rng(9)
+    for down, adapts in (("dense", False), ("topk", True)):
+        cfg = load_config(None, [f'compression.down="{down}"', "compression.down_ratio=0.05",
+                                 'compression.downlink="dense"'], HFLConfig)
+        server = Server(cfg, np.zeros(d, dtype=np.float32), num_clients=4)
+        base = rng.normal(size=d)
+        for _ in range(6):
+            for c in range(4):
+                server.receive(c, _encode_dense(base + 0.1 * rng.normal(size=d)), 1.0)
+            server.close_round()
+        assert (server.state.gain > 1) == adapts and (server.state.gain == 1.0) != adapts
+    copy = Server.from_state_bytes(cfg, server.state_bytes())
+    assert copy.state.gain == server.state.gain
+    assert np.array_equal(copy.state.last_idx, server.state.last_idx)
+    assert np.array_equal(copy.state.last_sign, server.state.last_sign)
+    from sluice.errors import WireError
+    from sluice.hfl.state import pack, unpack
+
+    tree = unpack(server.state_bytes())
+    tree["last_idx"] = tree["last_idx"] + d  # coordinates the model does not have
+    with pytest.raises(WireError, match="last step"):
+        Server.from_state_bytes(cfg, pack(tree))
+    server.close_round()  # a round where nothing arrived keeps the gain and the last step
+    assert server.state.gain == copy.state.gain and np.array_equal(server.state.last_idx, copy.state.last_idx)

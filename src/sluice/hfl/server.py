@@ -28,18 +28,30 @@ Notation per round t, over the d model coordinates:
   with top-k that fills the residual with momentum-amplified mass, released in bursts against a model
   that lags the dense one, which is what made momentum 0.9 lose the model (and masking the momentum at
   the applied coordinates, as DGC does, stops exactly the coordinates that matter from accelerating).
-* error feedback: ``e_t = a_t − (s_t − ρ·v_{t−1})/η`` on ``I_t`` and ``a_t`` elsewhere: the gradient part of
-  the step leaves the residual, with its rounding error kept, so ``Σ_t (s_t − ρ·v_{t−1})/η + e_T = Σ_t g_t``
-  and nothing aggregated is ever lost, only delayed.
+* adaptive step (``compression.down_adapt`` = β > 0, top-k only): the gradient part of the step is
+  ``η·G_t·a_t``, with a gain ``G_t`` the server tunes from what the clients answer to its last step. Let
+  ``A_t`` be the share of the coordinates applied last round where this round's aggregate has the sign of
+  that step (coordinates where nothing arrived do not count): ``G_t = clip(G_{t−1}·exp(β·(A_t − ½)),
+  1/10, 10)``, starting at 1. Aggregates that keep pointing the way the last step went (it fell short)
+  raise the gain; aggregates that turn back (it overshot) lower it. This is delta-bar-delta's rule
+  (R. A. Jacobs, "Increased rates of convergence through learning rate adaptation", Neural Networks
+  1988) and Rprop's (Riedmiller and Braun, ICNN 1993) for one global step, which is all a step of one
+  sign bit a value and one scale can carry. A sparse step moves a coordinate once in many rounds, with
+  everything it accumulated meanwhile, and the gain sizes that move from the clients' own answers
+  instead of a fixed server learning rate (FedExP, Jhunjhunwala, Wang and Joshi, ICLR 2023, makes the
+  same case for FedAvg's server step). The gain costs no bytes: it is inside the step's scale.
+* error feedback: ``e_t = a_t − (s_t − ρ·v_{t−1})/(η·G_t)`` on ``I_t`` and ``a_t`` elsewhere: the gradient
+  part of the step leaves the residual, with its rounding error kept, so
+  ``Σ_t (s_t − ρ·v_{t−1})/(η·G_t) + e_T = Σ_t g_t`` and nothing aggregated is ever lost, only delayed.
 
-With ρ = 0 this is top-k with error feedback. ``ratio = 1`` (``compression.down = "dense"``) applies the
-whole aggregate: plain FedAvg, and with ρ > 0 FedAvgM.
+With ρ = 0 and β = 0 this is top-k with error feedback. ``ratio = 1`` (``compression.down = "dense"``)
+applies the whole aggregate with the gain left at 1: plain FedAvg, and with ρ > 0 FedAvgM.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -52,15 +64,23 @@ from sluice.hfl.state import field, pack, unpack
 from sluice.wire import dtypes
 from sluice.wire.vector import SparsePayload, float_values
 
+GAIN_BOUNDS = (0.1, 10.0)
+"""The adaptive step's gain stays within a tenth and ten times the configured server step."""
+
 
 @dataclass
 class ServerState:
-    """What the server carries between rounds. ``params`` is float32 (the model clients hold)."""
+    """What the server carries between rounds. ``params`` is float32 (the model clients hold); ``gain``
+    is the adaptive step's gain and ``last_idx``/``last_sign`` the coordinates and signs of the last
+    step, which the next aggregate is compared with."""
 
     params: np.ndarray
     residual: np.ndarray
     momentum: np.ndarray
     round: int = 0
+    gain: float = 1.0
+    last_idx: np.ndarray | None = None
+    last_sign: np.ndarray | None = None
 
 
 def init_server(params: np.ndarray) -> ServerState:
@@ -83,15 +103,30 @@ def aggregate(estimates: list[np.ndarray], weights: list[float], d: int) -> np.n
     return g
 
 
+def adapt_gain(state: ServerState, g: np.ndarray, beta: float) -> float:
+    """The adaptive step's gain for this round (module docstring): ``G·exp(β·(A − ½))`` clipped to
+    :data:`GAIN_BOUNDS`, with ``A`` the share of the last step's coordinates where the aggregate ``g``
+    has the step's sign, counting only the coordinates where ``g`` is not 0. The gain is unchanged when
+    ``beta`` is 0 or there is nothing to compare."""
+    if beta <= 0 or state.last_idx is None or state.last_sign is None:
+        return state.gain
+    seen = g[state.last_idx]
+    heard = seen != 0
+    if not heard.any():
+        return state.gain
+    agree = float(np.mean(np.sign(seen[heard]) == state.last_sign[heard]))
+    return float(np.clip(state.gain * math.exp(beta * (agree - 0.5)), *GAIN_BOUNDS))
+
+
 def server_step(
     state: ServerState, g: np.ndarray, *, ratio: float, rho: float = 0.0, lr: float = 1.0,
-    values: ValueType = "fp32",
+    values: ValueType = "fp32", adapt: float = 0.0,
 ) -> tuple[ServerState, np.ndarray, SparsePayload]:
-    """Apply the top-k of (aggregate + residual) with the sparse heavy ball (module docstring); return the
-    new state, the applied indices and the step.
+    """Apply the top-k of (aggregate + residual) with the sparse heavy ball and the adaptive step of rate
+    ``adapt`` (module docstring); return the new state, the applied indices and the step.
 
     ``idx`` is the top-k of ``acc`` less the coordinates with nothing to move (zero accumulated and zero
-    velocity, e.g. frozen layers). The step ``s = round(lr·acc[idx] + rho·velocity[idx])`` is a sparse
+    velocity, e.g. frozen layers). The step ``s = round(lr·G·acc[idx] + rho·velocity[idx])`` is a sparse
     payload of value type ``values`` (fp16 values are clipped to its range; int8 values and signs carry a
     per-step scale, :func:`sluice.compress.codecs.quantize_int8`, :func:`sluice.compress.codecs.quantize_sign`)
     and
@@ -100,13 +135,14 @@ def server_step(
     coordinate, decayed by ``rho`` every round).
     """
     d = g.shape[0]
+    gain = adapt_gain(state, g, adapt)
     acc = g.astype(np.float64) + state.residual
     velocity = rho * state.momentum if rho > 0 else np.zeros(d, dtype=np.float64)
     k = max(1, int(round(ratio * d)))
     idx = np.arange(d, dtype=np.int64) if k >= d else topk_indices(acc, k)
     idx = idx[(acc[idx] != 0) | (velocity[idx] != 0)]  # nothing to move there (and a sign cannot say 0)
     carried = velocity[idx]
-    want = lr * acc[idx] + carried
+    want = lr * gain * acc[idx] + carried
     if values in QUANTIZERS:
         q, vscale = QUANTIZERS[values](want)
         step = SparsePayload(d=d, values=q, indices=idx, vscale=vscale)
@@ -119,12 +155,14 @@ def server_step(
         raise ConfigError(f"server step values must be one of {', '.join(VALUE_TYPES)}; got {values!r}")
     moved = float_values(step)
     residual = acc
-    residual[idx] -= (moved.astype(np.float64) - carried) / lr
+    residual[idx] -= (moved.astype(np.float64) - carried) / (lr * gain)
     if rho > 0:
         velocity[idx] = moved
     params = state.params.copy()
     params[idx] += moved
-    return ServerState(params=params, residual=residual, momentum=velocity, round=state.round + 1), idx, step
+    went = np.isfinite(moved) & (moved != 0)
+    return ServerState(params=params, residual=residual, momentum=velocity, round=state.round + 1, gain=gain,
+                       last_idx=idx[went], last_sign=np.sign(moved[went]).astype(np.int8)), idx, step
 
 
 class Server:
@@ -198,10 +236,10 @@ class Server:
             dense_down = c.down == "dense"
             self.state, _, step = server_step(
                 self.state, g, ratio=1.0 if dense_down else c.down_share(len(ids)), rho=c.momentum,
-                lr=self.cfg.train.server_lr, values=value_type(c.down_values, dense=dense_down, compressed="sign"))
+                lr=self.cfg.train.server_lr, values=value_type(c.down_values, dense=dense_down, compressed="sign"),
+                adapt=0.0 if dense_down else c.down_adapt)
         else:
-            s = self.state
-            self.state = ServerState(s.params, s.residual, s.momentum, s.round + 1)
+            self.state = replace(self.state, round=self.state.round + 1)
             step = None
         self._uploads.clear()
         self.downlink.record(step)
@@ -213,23 +251,30 @@ class Server:
         uploads of an open round) as bytes (:mod:`sluice.hfl.state`)."""
         s = self.state
         return pack({"kind": "server", "num_clients": self.num_clients, "params": s.params,
-                     "residual": s.residual, "momentum": s.momentum, "round": s.round,
+                     "residual": s.residual, "momentum": s.momentum, "round": s.round, "gain": s.gain,
+                     "last_idx": s.last_idx, "last_sign": s.last_sign,
                      "downlink": self.downlink.to_tree(),
                      "uploads": [[i, est, w] for i, (est, w) in sorted(self._uploads.items())]})
 
     @classmethod
     def from_state_bytes(cls, cfg: HFLConfig, buf: bytes) -> Server:
         """The server :meth:`state_bytes` saved, under configuration ``cfg`` (the one it ran with)."""
+        tree = unpack(buf)
         n, params, residual, momentum, rnd, down, uploads = field(
-            unpack(buf), "server", "num_clients", "params", "residual", "momentum", "round", "downlink",
-            "uploads")
+            tree, "server", "num_clients", "params", "residual", "momentum", "round", "downlink", "uploads")
         if down.get("mode") != cfg.compression.downlink:
             raise TrainingError(f"the saved server used downlink {down.get('mode')!r}, the configuration "
                                 f"says {cfg.compression.downlink!r}")
         out = cls(cfg, params, n)
         if residual.shape != (out.d,) or momentum.shape != (out.d,):
             raise WireError(f"server state: residual/momentum do not have the model's {out.d} coordinates")
-        out.state = ServerState(params.astype(np.float32), residual, momentum, int(rnd))
+        # states saved before the adaptive step have no gain: they start it at 1
+        last_idx, last_sign = tree.get("last_idx"), tree.get("last_sign")
+        if (last_idx is None) != (last_sign is None) or last_idx is not None and (
+                last_idx.shape != last_sign.shape or np.any((last_idx < 0) | (last_idx >= out.d))):
+            raise WireError("server state: the last step's coordinates and signs do not fit the model")
+        out.state = ServerState(params.astype(np.float32), residual, momentum, int(rnd), float(tree.get("gain", 1.0)),
+                                last_idx, last_sign)
         out.downlink = Downlink.from_tree(down)
         out._uploads = {int(i): (est, float(w)) for i, est, w in uploads}
         return out
