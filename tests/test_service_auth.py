@@ -232,3 +232,16 @@ def test_tokens_added_at_once_from_many_processes_are_all_kept(tmp_path) -> None
     assert revoked.result() == 3
     assert len(added) == 40
     assert {e.token_sha256 for e in read_tokens_file(path)} == added
+
+
+def test_new_tokens_carry_the_prefix_and_pass_as_an_option_value(tmp_path) -> None:
+    """A bare URL-safe token starts with "-" once in 64, and `--token -x...` is then an unknown option:
+    every token Sluice makes starts with its prefix instead, and the consumer command line takes it."""
+    from sluice.cli import build_parser
+    from sluice.service.auth import TOKEN_PREFIX
+
+    tokens = {add_token(tmp_path / "tokens.toml", f"c{i}") for i in range(200)}
+    assert len(tokens) == 200 and all(t.startswith(TOKEN_PREFIX) and len(t) == len(TOKEN_PREFIX) + 43 for t in tokens)
+    parser = build_parser()
+    url = "http://127.0.0.1:1/ProvMnS/v1920/SubNetwork=SN1/MLTrainingFunction=TF1"
+    assert all(parser.parse_args(["consumer", "--producer", url, "--token", t, "list"]).token == t for t in tokens)

@@ -89,9 +89,14 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
+TOKEN_PREFIX = "sluice_"
+"""Every token Sluice makes starts with this: a secret scanner can tell it, and a command line never takes
+it for an option (a bare URL-safe base64 token starts with ``-`` once in 64)."""
+
+
 def new_token() -> str:
-    """A fresh token: 256 random bits, URL-safe base64 (43 characters)."""
-    return secrets.token_urlsafe(32)
+    """A fresh token: :data:`TOKEN_PREFIX` then 256 random bits, URL-safe base64 (43 characters)."""
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
 
 
 # ------------------------------------------------------------------------------------------- tokens file
