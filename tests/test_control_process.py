@@ -439,6 +439,33 @@ def test_engine_failure_during_training_has_a_cause(tmp_path: Path) -> None:
     assert rep.cause == Cause.ENGINE_FAILURE and rep.model_path is None and eng.saved == []
 
 
+class _Parts(ReplayEngine):
+    """An engine of parts that end on their own: ``outcome`` says how, once ``save`` has gathered them."""
+
+    def __init__(self) -> None:
+        super().__init__(_acc([0.1, 0.2, 0.3, 0.4]))
+        self.ended = "still training"
+
+    def save(self, path: str) -> str:
+        self.ended = "east FINISHED CRITERION_MET after 3 iterations"
+        return super().save(path)
+
+    def outcome(self) -> str:
+        return self.ended
+
+
+def test_report_says_how_the_engine_parts_ended_whichever_criterion_fired(tmp_path: Path) -> None:
+    """The process's own criterion can fire before an engine's parts are seen to end (a chain whose
+    producers stop at the same iteration): the report still names how each part ended, read after the
+    engine saved, and an outcome already in the detail is not repeated."""
+    rep = train(_Parts(), {"iterations": 3}, save_path=tmp_path / "m.pt")
+    assert rep.cause == Cause.CRITERION_MET and rep.detail.startswith("iterations met at iteration 3")
+    assert rep.detail.endswith("; east FINISHED CRITERION_MET after 3 iterations")
+    eng = _Parts()
+    eng.ended = "iterations met"
+    assert train(eng, {"iterations": 3}).detail.count("iterations met") == 1
+
+
 def test_engine_error_before_training_is_raised() -> None:
     class NoStart(ReplayEngine):
         def start(self) -> None:

@@ -61,6 +61,10 @@ class Engine(Protocol):
 
     ``metrics`` declares every metric the engine reports (name → :class:`sluice.metrics.MetricSpec`);
     ``counts_bytes`` says whether its events carry the bytes it sent and received.
+
+    An engine made of parts that end on their own (a chain of producers) may also offer
+    ``outcome() -> str``: how each part ended, read after ``save`` and added to the report's detail, so
+    the report says it whichever criterion ended the training first.
     """
 
     @property

@@ -477,6 +477,10 @@ class TrainingProcess:
                 if cause != Cause.ENGINE_FAILURE:
                     raise
                 detail += f"; the model so far could not be saved: {type(exc).__name__}: {exc}"
+        outcome = getattr(self.engine, "outcome", None)  # optional: how the engine's parts ended
+        told = outcome() if callable(outcome) else ""
+        if told and told not in detail:
+            detail += f"; {told}"
         state = _STATE.get(cause, ProcessState.FAILED)
         self.report = self._report(cause, detail, state, firing, model_path)
         self._set_state(state, self.report)

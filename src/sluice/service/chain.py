@@ -359,6 +359,11 @@ class ChainEngine:
                 sums.setdefault(k, []).append(v)
         return {k: sum(v) / len(v) for k, v in sums.items()}
 
+    def outcome(self) -> str:
+        """How each producer ended (the process adds it to the chain's report, also when the chain's own
+        criterion fired before the producers were seen to end)."""
+        return self._summary()
+
     def _summary(self) -> str:
         return "; ".join(f"{p.name} {p.status} {p.cause} after {p.iterations} iterations"
                          + (f" ({p.detail})" if p.detail else "") for p in self.producers)
