@@ -20,7 +20,9 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import statistics
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -44,6 +46,8 @@ SCENARIOS: dict[str, dict] = {
     "digits 100 clients q 0.1": {"over": ["data.num_clients=100", "train.participation=0.1"]},
     "digits dropout 0.3": {"over": ["train.dropout=0.3"]},
     "digits momentum 0.9": {"over": ["compression.momentum=0.9"]},
+    "synthetic-1-1 momentum 0.9": {"over": ["data.dataset=\"synthetic\"", "data.synthetic_alpha=1",
+                                           "data.synthetic_beta=1", "compression.momentum=0.9"]},
     "digits model x10 (512-448)": {"over": ["model.hidden=[512, 448]"]},
 }
 PEER_BUDGETS = {"FetchSGD": ["compression.sketch_cols_ratio=0.02"]}
@@ -171,7 +175,8 @@ def main() -> None:
                   f"{r['final_accuracy']:.4f}, {r['bytes_total'] / 1e6:8.3f} MB ({r['wall_seconds']:.0f} s)",
                   flush=True)
     results: dict = {"rounds": args.rounds, "seeds": args.seeds, "machine": platform.platform(),
-                     "python": platform.python_version(), "scenarios": {}}
+                     "python": platform.python_version(),
+                     "command": shlex.join(["python", "bench/hfl_scenarios.py", *sys.argv[1:]]), "scenarios": {}}
     for scen in scenarios:
         by_method: dict[str, dict] = {}
         for name in dict.fromkeys(r["method"] for r in runs if r["scenario"] == scen):
@@ -193,7 +198,7 @@ def main() -> None:
              f"Machine: {results['machine']}, Python {results['python']}. Bytes: `len()` of every encoded "
              "message, up + down. Gap: mean final accuracy minus dense FedAvg's, in points; last 10: the same "
              "for the mean accuracy of the last 10 rounds. Reduction: dense FedAvg's total bytes over the "
-             "method's.", "",
+             f"method's. Command: `{results['command']}`.", "",
              "| scenario | d | dense FedAvg | Sluice | gap (points) | gap, last 10 | seeds (Sluice) | reduction × | "
              "earlier default: gap, seeds |", "|---|---|---|---|---|---|---|---|---|"]
     for scen, res in results["scenarios"].items():
