@@ -35,19 +35,23 @@ PREVIOUS = ['compression.up="topk"', "compression.down_ratio=0.005", 'compressio
 of the coordinates per round at the server, as int8 steps of a fixed gain (under today's server step,
 whose momentum is the sparse heavy ball)."""
 
+
+def synthetic(alpha: float, beta: float) -> list[str]:
+    """Overrides for FedProx Synthetic(alpha, beta)."""
+    return ["data.dataset=\"synthetic\"", f"data.synthetic_alpha={alpha:g}", f"data.synthetic_beta={beta:g}"]
+
+
 SCENARIOS: dict[str, dict] = {
     "default (digits Dir 0.3, 20 clients, q 0.25)": {"over": [], "peers": True},
     "mnist-shards": {"over": ["data.dataset=\"mnist\"", "data.partition=\"shards\""], "peers": True},
-    "synthetic-1-1": {"over": ["data.dataset=\"synthetic\"", "data.synthetic_alpha=1", "data.synthetic_beta=1"]},
-    "synthetic-0.5-0.5": {"over": ["data.dataset=\"synthetic\"", "data.synthetic_alpha=0.5",
-                                   "data.synthetic_beta=0.5"]},
-    "synthetic-0-0": {"over": ["data.dataset=\"synthetic\"", "data.synthetic_alpha=0", "data.synthetic_beta=0"]},
+    "synthetic-1-1": {"over": synthetic(1, 1)},
+    "synthetic-0.5-0.5": {"over": synthetic(0.5, 0.5)},
+    "synthetic-0-0": {"over": synthetic(0, 0)},
     "digits Dir 0.1": {"over": ["data.alpha=0.1"]},
     "digits 100 clients q 0.1": {"over": ["data.num_clients=100", "train.participation=0.1"]},
     "digits dropout 0.3": {"over": ["train.dropout=0.3"]},
     "digits momentum 0.9": {"over": ["compression.momentum=0.9"]},
-    "synthetic-1-1 momentum 0.9": {"over": ["data.dataset=\"synthetic\"", "data.synthetic_alpha=1",
-                                           "data.synthetic_beta=1", "compression.momentum=0.9"]},
+    "synthetic-1-1 momentum 0.9": {"over": [*synthetic(1, 1), "compression.momentum=0.9"]},
     "digits model x10 (512-448)": {"over": ["model.hidden=[512, 448]"]},
 }
 PEER_BUDGETS = {"FetchSGD": ["compression.sketch_cols_ratio=0.02"]}
