@@ -125,8 +125,50 @@ def test_split_takes_a_classification_scenario_by_its_vertical_groups() -> None:
     assert len(evals) == 2 and all(0 <= m["anomaly_recall"] <= 1 for m in evals)
     with pytest.raises(DataError, match="needs followers = 1, got 2"):
         _job("split", "kpi_anomaly", followers=2, transport={"kind": "inproc"}).build().task.leader_columns  # noqa: B018
-    with pytest.raises(DataError, match="split training trains classifiers; scenario energy"):
-        _job("split", "energy").build().task  # noqa: B018
+
+
+def test_split_trains_a_regression_scenario_and_reports_regression_metrics() -> None:
+    job = _job("split", "energy", transport={"kind": "inproc"}, pipeline={"groups": 2},
+               train={"steps": 60, "eval_every": 30, "batch_size": 32, "optimizer": "adam", "lr": 0.01})
+    engine = job.build()
+    task, specs = engine.task, engine.metrics
+    assert task.table.task == "regression" and task.specs["leader.top"]["out"] == 2  # one output per target
+    assert {"train_loss", "test_loss", "test_mse", "test_mae", "test_rmse", "energy_error"} <= set(specs)
+    assert not {"train_accuracy", "test_accuracy", "test_f1", "test_auc"} & set(specs)
+    with pytest.raises(ConfigError, match="unknown metric 'test_accuracy'"):
+        check_criteria(parse_termination({"performance": {"accuracy": 0.9}}), None, job.model, specs)
+    try:
+        events = [engine.iterate().metrics for _ in range(60)]
+    finally:
+        engine.stop()
+    first, last = events[0], events[-1]
+    assert "train_accuracy" not in last and last["train_loss"] < first["train_loss"]
+    assert last["test_loss"] == last["test_mse"] and last["test_rmse"] == pytest.approx(math.sqrt(last["test_mse"]))
+    assert 0 <= last["energy_error"] < 1
+    row = {sid: i for i, sid in enumerate(task.table.ids.tolist())}
+    y_train, y_test = (task.table.y[[row[s] for s in ids]] for ids in (task.train_ids, task.test_ids))
+    mean_mse = float(np.mean((y_test - y_train.mean(axis=0)) ** 2))  # predicting the training mean
+    assert last["test_mse"] < 0.2 * mean_mse
+    summary = engine.summary()
+    assert summary["final_test_mse"] == last["test_mse"] and "final_test_accuracy" not in summary
+
+
+def test_split_takes_the_coverage_signals_by_their_vertical_groups() -> None:
+    job = _job("split", "coverage", transport={"kind": "inproc"}, pipeline={"groups": 2},
+               train={"steps": 4, "eval_every": 2, "batch_size": 32},
+               data={"dataset": "coverage", "scenario": {**SMALL["coverage"], "target": "signals"}})
+    engine = job.build()
+    task = engine.task
+    data = task.table.scenario
+    assert task.table.task == "regression" and task.specs["leader.top"]["out"] == len(data.target_names) == 3
+    assert task.leader_columns == list(data.columns(data.vertical[0]))
+    assert task.follower_columns == [list(data.columns(data.vertical[1]))]
+    assert {"test_mse", "coverage_error", "rsrp_error"} <= set(engine.metrics)
+    try:
+        evals = [e.metrics for e in (engine.iterate() for _ in range(4)) if "test_mse" in e.metrics]
+    finally:
+        engine.stop()
+    assert len(evals) == 2 and all(0 <= m["coverage_error"] <= 1 and math.isfinite(m["test_mse"]) for m in evals)
 
 
 # --------------------------------------------------------------------------------------------------- CLI

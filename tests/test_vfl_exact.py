@@ -56,6 +56,24 @@ def test_pipelined_equals_full_batch(topology, followers, dataset, groups):
     assert _maxdiff(first, ref) > 1e-3
 
 
+ENERGY = {"dataset": "energy", "scenario": {"cells": 6, "sites": 3, "days": 2}}  # 144 train rows, 2 targets
+
+
+@pytest.mark.parametrize("topology,followers,groups", [("6", 1, 3), ("4A", 2, 4), ("5", 1, 6)])
+def test_pipelined_regression_equals_full_batch(topology, followers, groups, tmp_path, monkeypatch):
+    """A regression task (squared error over the targets): the groups add up to the full-batch update too."""
+    monkeypatch.setenv("SLUICE_CACHE", str(tmp_path))
+    cfg = _cfg(topology=topology, followers=followers, data=ENERGY)
+    ref, ref_loss = reference_train(cfg, 5)
+    piped = run_inprocess(_cfg(topology=topology, followers=followers, data=ENERGY, pipeline={"groups": groups}))
+    assert all(r["groups"] == groups for r in piped.records)
+    assert [*piped.states["leader.top"].values()][-1].shape == (2,)  # the last bias: one output per target
+    assert "accuracy" not in piped.records[0]
+    assert _maxdiff(piped.states, ref) <= 1e-6
+    assert max(abs(r["loss"] - x) for r, x in zip(piped.records, ref_loss, strict=True)) <= 1e-9
+    assert _maxdiff(reference_train(cfg, 1)[0], ref) > 1e-3
+
+
 def test_backpressure_keeps_the_update_exact():
     """A send queue that is always over the threshold: the follower interleaves backward passes with its
     (slowed-down) forward passes as soon as gradients arrive, and the update is still exact."""

@@ -5,18 +5,20 @@
 - ``digits``: 1797 8x8 images; the leader holds the left half (pixel columns 0-3), followers the right
   half (pixel columns 4-7, in blocks of whole pixel columns when there are several followers).
 - ``classification``: ``make_classification`` at any size; features split in equal blocks.
-- a classification scenario (``kpi_anomaly``, ``coverage`` with problem classes; :mod:`sluice.data.scenarios`):
-  its rows in natural units, its own held-out rows as the test set and its vertical feature groups as the
-  parties' columns: in topology 6 the leader holds group 0 (the group that comes with the labels) and
-  follower ``i`` group ``i`` (so ``followers`` = groups − 1); where only followers hold features (4A)
-  follower ``i`` holds group ``i − 1`` (``followers`` = groups). The leader evaluates the scenario's
-  type-specific errors on the test rows.
+- a scenario (:mod:`sluice.data.scenarios`): classification (``kpi_anomaly``, ``coverage`` with
+  ``target = "problems"``) or regression (``energy``, ``coverage`` with ``target = "signals"``; the targets
+  standardised with the train rows' statistics, one model output per target): its rows in natural units,
+  its own held-out rows as the test set and its vertical feature groups as the parties' columns: in
+  topology 6 the leader holds group 0 (the group that comes with the labels) and follower ``i`` group
+  ``i`` (so ``followers`` = groups − 1); where only followers hold features (4A) follower ``i`` holds group
+  ``i − 1`` (``followers`` = groups). The leader evaluates the scenario's type-specific errors on the
+  test rows.
 
 Which party holds features depends on the topology: in 4A only followers do (the leader holds labels
 and the top model), in 5 (U-shape) only the leader does (the follower holds the middle model), in 6
 both do. Every row has an id ``<dataset>-<row:06d>``; train/test membership is a stratified split
-seeded by the config. Each party standardises its own columns with train-set statistics (a per-column
-operation, so it needs nothing from the other parties).
+seeded by the config (a scenario: its own held-out rows). Each party standardises its own columns with
+train-set statistics (a per-column operation, so it needs nothing from the other parties).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from sklearn.datasets import make_classification
@@ -48,8 +50,9 @@ class Table:
     name: str
     ids: np.ndarray  # str, one per row
     X: np.ndarray  # float64 (rows, features)
-    y: np.ndarray  # int64
-    n_classes: int
+    y: np.ndarray  # classification: int64 class ids (rows,); regression: float32 targets (rows, targets)
+    outputs: int  # the top model's output width: classes, or regression targets
+    task: Literal["classification", "regression"] = "classification"
     image_width: int | None = None  # digits: columns are pixels of rows of this width
     scenario: ScenarioData | None = None  # a generated scenario: test rows, vertical groups, metrics
 
@@ -60,8 +63,8 @@ class Table:
         return [[int(c) for c in self.scenario.columns(g)] for g in self.scenario.vertical]
 
     def metric_fns(self, test_ids: list[str]) -> dict[str, Any]:
-        """A scenario's type-specific errors ``f(logits, labels)`` on the rows ``test_ids`` (empty for the
-        other datasets)."""
+        """A scenario's type-specific errors ``f(outputs, y)`` on the rows ``test_ids`` (outputs: logits, or
+        standardised targets; empty for the other datasets)."""
         if self.scenario is None:
             return {}
         from sluice.data import scenarios
@@ -76,12 +79,13 @@ def _scenario_table(name: str, params_json: str, seed: int) -> Table:
     from sluice.data.scenarios import load_scenario
 
     data = load_scenario(name, json.loads(params_json), seed)
-    if data.task != "classification":
-        raise DataError(f"split training trains classifiers; scenario {name} as configured is a "
-                        f"{data.task} task (targets {', '.join(data.target_names)})")
     ids = np.array([f"{name}-{i:06d}" for i in range(len(data.y))])
+    X = data.X.astype(np.float64)
+    if data.task == "regression":
+        y = data.scaled()[1].reshape(len(ids), -1)
+        return Table(name, ids, X, y, y.shape[1], "regression", scenario=data)
     classes = max(int(data.y.max()) + 1, len(data.target_names))
-    return Table(name, ids, data.X.astype(np.float64), data.y.astype(np.int64), classes, None, data)
+    return Table(name, ids, X, data.y.astype(np.int64), classes, scenario=data)
 
 
 @lru_cache(maxsize=8)
@@ -110,7 +114,7 @@ def _table(
     else:
         raise DataError(f"unknown dataset {name!r}; allowed: breast_cancer, digits, classification")
     ids = np.array([f"{name}-{i:06d}" for i in range(len(y))])
-    return Table(name, ids, X.astype(np.float64), y.astype(np.int64), int(y.max()) + 1, width)
+    return Table(name, ids, X.astype(np.float64), y.astype(np.int64), int(y.max()) + 1, image_width=width)
 
 
 def load_table(cfg: SplitDataConfig, seed: int) -> Table:

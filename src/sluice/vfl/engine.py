@@ -9,9 +9,10 @@
   to ``run_dir`` (a temporary directory, removed by ``stop``, when there is none);
 * ``connect = [ADDR, ...]``: followers already listening elsewhere, one per address (gRPC).
 
-With a ``run_dir`` the leader also appends every step's full record to ``steps.jsonl`` there: loss and
-accuracy of the batch, G, per-party idle and busy seconds, per-operation seconds and counts, bytes each
-way, test metrics when evaluated (the events only carry the numbers the control plane watches).
+With a ``run_dir`` the leader also appends every step's full record to ``steps.jsonl`` there: loss (and,
+for classification, accuracy) of the batch, G, per-party idle and busy seconds, per-operation seconds and
+counts, bytes each way, test metrics when evaluated (the events only carry the numbers the control plane
+watches).
 
 ``start`` builds the links (starting follower threads or processes) and the leader; the first ``iterate``
 proposes the task (so ``limit_samples`` and ``set_trainable_layers`` may still be called after ``start``),
@@ -42,7 +43,7 @@ import torch
 from sluice.data.scenarios import SCENARIO_NAMES
 from sluice.engine import IterationEvent
 from sluice.errors import ConfigError, TrainingError
-from sluice.metrics import MetricSpec, declare
+from sluice.metrics import CLASSIFICATION, REGRESSION, MetricSpec, declare
 from sluice.transport.link import Link
 
 from .config import SplitConfig
@@ -56,8 +57,11 @@ from .task import Task, build_task
 Record = dict[str, Any]
 FollowerHook = Callable[[int, Follower], None]
 
-METRICS = ("train_loss", "train_accuracy", "test_loss", "test_accuracy", "test_precision", "test_recall",
-           "test_f1", "test_auc")
+METRICS = {
+    "classification": ("train_loss", "train_accuracy", *CLASSIFICATION, "test_auc"),
+    "regression": ("train_loss", *REGRESSION),
+}
+"""What the leader reports, by the task of its table (classification or regression)."""
 
 
 class SplitEngine:
@@ -112,8 +116,12 @@ class SplitEngine:
     # -- what the control plane asks ---------------------------------------------------------------
     @property
     def metrics(self) -> dict[str, MetricSpec]:
-        """:data:`METRICS`, ``idle_leader_s`` and, on a scenario, its type-specific errors."""
-        return declare(METRICS, [MetricSpec("idle_leader_s", False, 0.0), *self.scenario_metrics()])
+        """:data:`METRICS` of the task, ``idle_leader_s`` and, on a scenario, its type-specific errors."""
+        return declare(self._metric_names, [MetricSpec("idle_leader_s", False, 0.0), *self.scenario_metrics()])
+
+    @property
+    def _metric_names(self) -> tuple[str, ...]:
+        return METRICS[self.task.table.task]
 
     def scenario_metrics(self) -> list[MetricSpec]:
         """The specs of the type-specific errors the leader evaluates (none off a scenario)."""
@@ -272,11 +280,13 @@ class SplitEngine:
         if self.run_dir is not None:
             with open(self.run_dir / "steps.jsonl", "a", encoding="utf-8") as f:
                 f.write(json.dumps(rec) + "\n")
-        metrics = {"train_loss": rec["loss"], "train_accuracy": rec["accuracy"]}
+        metrics = {"train_loss": rec["loss"]}
+        if "accuracy" in rec:
+            metrics["train_accuracy"] = rec["accuracy"]
         anomaly, detail = None, ""
         if not math.isfinite(rec["loss"]):
             anomaly, detail = "DIVERGED", f"the training loss of step {s} is {rec['loss']}"
-        metrics.update({k: rec[k] for k in METRICS if k in rec and k.startswith("test_")})
+        metrics.update({k: rec[k] for k in self._metric_names if k in rec and k.startswith("test_")})
         metrics.update({s.name: rec[s.name] for s in self.scenario_metrics() if s.name in rec})
         metrics["idle_leader_s"] = rec["idle_s"]["leader"]
         return IterationEvent(
@@ -432,7 +442,7 @@ class SplitEngine:
             return {"topology": self.cfg.topology, "dataset": self.cfg.data.dataset, "steps": 0,
                     "wall_s": round(wall_s, 3)}
         steady = records[1:] if len(records) > 2 else records
-        evals = [r for r in records if "test_accuracy" in r]
+        evals = [r for r in records if "test_loss" in r]
         last = evals[-1] if evals else {}
         parties = ["leader", *leader.followers]
 
@@ -451,9 +461,7 @@ class SplitEngine:
             "steps": len(records),
             "groups": leader.groups,
             "final_loss": records[-1]["loss"] if records else None,
-            "final_test_loss": last.get("test_loss"),
-            "final_test_accuracy": last.get("test_accuracy"),
-            "final_test_auc": last.get("test_auc"),
+            **{f"final_{k}": last.get(k) for k in self._metric_names if k.startswith("test_")},
             **{f"final_{s.name}": last.get(s.name) for s in self.scenario_metrics()},
             "mean_step_time_s": mean([r["step_time_s"] for r in steady]),
             "mean_idle_s": {p: mean([r["idle_s"][p] for r in steady]) for p in parties},

@@ -16,10 +16,9 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from sluice.errors import ConfigError, NegotiationError, TrainingError
-from sluice.metrics import classification_metrics
+from sluice.metrics import classification_metrics, regression_metrics
 from sluice.transport.link import Link
 from sluice.wire.tensor import encode_raw
 
@@ -35,7 +34,16 @@ from .grouping import (
     seed_formula,
     split_batch,
 )
-from .models import build_mlp, check_exact, make_optimizer, part_seed, torch_dtype, train_last_layers
+from .models import (
+    build_mlp,
+    check_exact,
+    head_loss,
+    make_optimizer,
+    part_seed,
+    targets,
+    torch_dtype,
+    train_last_layers,
+)
 from .party import Worker, params_of, to_tensor
 from .schedule import Op
 from .task import BatchPlan, Task, build_task, eval_due, proposal_for
@@ -55,8 +63,8 @@ class Leader(Worker):
         if sorted(links) != sorted(self.followers):
             raise ConfigError(f"the leader needs one link per follower {self.followers}, got {sorted(links)}")
         self.dtype = torch_dtype(cfg.model.dtype)
+        self.kind = t.table.task  # classification or regression
         self._load_data()
-        self.n_classes = t.table.n_classes
         self.bottom = (
             build_mlp(t.specs["leader.bottom"], part_seed(cfg.seed, "leader.bottom"))
             if "leader.bottom" in t.specs
@@ -86,7 +94,7 @@ class Leader(Worker):
         self.X = to_tensor(data.X_train, self.dtype)
         self.X_test = to_tensor(data.X_test, self.dtype)
         assert data.y_train is not None and data.y_test is not None
-        self.y = torch.from_numpy(data.y_train)
+        self.y = targets(data.y_train, self.kind, self.dtype)
         self.y_test = data.y_test
         self.metric_fns = t.table.metric_fns(t.test_ids)
         self.plan = BatchPlan(len(t.train_ids), t.hparams["batch_size"], self.cfg.seed)
@@ -140,7 +148,7 @@ class Leader(Worker):
 
             def head(z_in: torch.Tensor = z_in, y: torch.Tensor = y, n: int = n) -> None:
                 zi = z_in.clone().requires_grad_(True)
-                (F.cross_entropy(self.top(zi), y, reduction="sum") / n).backward()
+                head_loss(self.kind, self.top(zi), y, n).backward()
 
             meas["head"].append(self._time(head))
             if self.bottom is not None:
@@ -295,7 +303,7 @@ class Leader(Worker):
                     kinds.append(need)
                     inputs.append(x.detach().requires_grad_(True))
             z = self.top(torch.cat(inputs, dim=1) if len(inputs) > 1 else inputs[0])
-            loss = F.cross_entropy(z, yb, reduction="sum") / batch
+            loss = head_loss(self.kind, z, yb, batch)
             loss.backward()
             senders = iter(self.followers)
             for need, x in zip(kinds, inputs, strict=True):
@@ -306,7 +314,8 @@ class Leader(Worker):
                     assert spec.sends is not None
                     self.send_tensor(next(senders), step, g, spec.sends, x.grad)
             self._loss += float(loss.detach())
-            self._correct += int((z.detach().argmax(1) == yb).sum())
+            if self.kind == "classification":
+                self._correct += int((z.detach().argmax(1) == yb).sum())
         elif op.name == "bottom.bwd":
             (grad,) = self._input(spec.needs[0], step, g)
             self._saved.pop(g).backward(grad)
@@ -335,10 +344,11 @@ class Leader(Worker):
             "step": s,
             "epoch": self.plan.epoch(s),
             "loss": self._loss,
-            "accuracy": self._correct / len(batch),
             "groups": len(groups),
             "batch": len(batch),
         }
+        if self.kind == "classification":
+            rec["accuracy"] = self._correct / len(batch)
         if eval_due(s, self.steps, self.task.cfg.train.eval_every):
             rec.update(self.evaluate(s))
         rec["_done"] = time.perf_counter()
@@ -368,9 +378,13 @@ class Leader(Worker):
                     self.wait_keys(keys, f"evaluation data of step {s}")
                     inputs += [self.store.pop(k) for k in keys]
             z = self.top(torch.cat(inputs, dim=1) if len(inputs) > 1 else inputs[0])
-        out = classification_metrics(z, self.y_test, self.n_classes, auc=True)
+        pred = z.numpy()
+        if self.kind == "classification":
+            out = classification_metrics(z, self.y_test, self.task.table.outputs, auc=True)
+        else:
+            out = regression_metrics(pred, self.y_test)
         for name, fn in self.metric_fns.items():  # a scenario's type-specific errors
-            out[name] = float(fn(z.numpy(), self.y_test))
+            out[name] = float(fn(pred, self.y_test))
         return out
 
     # -- records -----------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 A spec is what the leader proposes for each part (SPEC P7), e.g.
 ``{"in": 20, "hidden": [32], "out": 16, "activation": "relu", "final_activation": true,
 "batch_norm": false, "dtype": "float32"}``. Weights are drawn from ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``
-with a generator seeded by (task seed, part name), so a part built in any process is identical.
+with a generator seeded by (task seed, part name), so a part built in any process is identical. The
+leader's loss (:func:`head_loss`) is here too: the full-batch reference uses the same one.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from sluice.errors import ConfigError
@@ -136,3 +139,18 @@ def make_optimizer(params: list[nn.Parameter], hp: dict[str, Any]) -> torch.opti
     if hp["optimizer"] == "sgd":
         return torch.optim.SGD(params, lr=hp["lr"], momentum=hp["momentum"], weight_decay=hp["weight_decay"])
     raise ConfigError(f"unknown optimizer {hp['optimizer']!r}; allowed: sgd, adam")
+
+
+def targets(y: np.ndarray, task: str, dtype: torch.dtype) -> torch.Tensor:
+    """Labels as :func:`head_loss` takes them: int64 class ids, or regression targets in the model's dtype."""
+    t = torch.from_numpy(np.ascontiguousarray(y))
+    return t if task == "classification" else t.to(dtype)
+
+
+def head_loss(task: str, z: torch.Tensor, y: torch.Tensor, batch: int) -> torch.Tensor:
+    """The loss of the rows of ``z`` summed and divided by ``batch`` (the whole batch's size), so that the
+    groups of a batch add up to its mean loss: cross-entropy (classification), or the squared error
+    averaged over the ``k`` outputs, ``‖z − y‖²/k`` (regression)."""
+    if task == "classification":
+        return F.cross_entropy(z, y, reduction="sum") / batch
+    return F.mse_loss(z, y, reduction="sum") / (batch * z.shape[1])

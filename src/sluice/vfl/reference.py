@@ -1,7 +1,8 @@
 """Centralised full-batch reference: the same parts, data, seeds and batches in one autograd graph.
 
 Used to check exactness (SPEC P5): pipelined split training with any G must end with the weights this
-produces, ``loss = mean_i CE(top(...bottoms(x_i)...), y_i)`` over each whole batch, one optimizer step
+produces, ``loss = mean_i ℓ(top(...bottoms(x_i)...), y_i)`` over each whole batch (ℓ: cross-entropy, or the
+squared error over the outputs for regression; :func:`~sluice.vfl.models.head_loss`), one optimizer step
 per batch.
 """
 
@@ -9,11 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from .config import SplitConfig
 from .data import party_data
-from .models import build_mlp, make_optimizer, part_seed, torch_dtype
+from .models import build_mlp, head_loss, make_optimizer, part_seed, targets, torch_dtype
 from .task import BatchPlan, build_task
 
 
@@ -27,7 +27,7 @@ def reference_train(cfg: SplitConfig, steps: int) -> tuple[dict[str, dict[str, t
     lead = party_data(t, task.leader_columns, task.train_ids, task.test_ids, True, np.float64)
     X_lead = torch.from_numpy(lead.X_train).to(dt)
     assert lead.y_train is not None
-    y = torch.from_numpy(lead.y_train)
+    y = targets(lead.y_train, t.task, dt)
     parts = {name: build_mlp(spec, part_seed(cfg.seed, name)) for name, spec in task.specs.items()}
     X_f = []
     for name, cols in zip(task.follower_names, task.follower_columns, strict=True):
@@ -45,7 +45,7 @@ def reference_train(cfg: SplitConfig, steps: int) -> tuple[dict[str, dict[str, t
             hs = [parts["leader.bottom"](X_lead[b])] if topo.leader_bottom else []
             hs += [parts[name](X[b]) for name, X in X_f]
             z = parts["leader.top"](torch.cat(hs, dim=1))
-        loss = F.cross_entropy(z, y[b])
+        loss = head_loss(t.task, z, y[b], len(b))
         loss.backward()
         for o in opts:
             o.step()

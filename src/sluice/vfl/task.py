@@ -76,7 +76,7 @@ def build_task(cfg: SplitConfig, steps: int | None = None) -> Task:
             specs[topo.part(name)] = mlp(emb, m.middle_hidden, emb, True, m.batch_norm)
         else:
             specs[topo.part(name)] = mlp(len(cols), m.bottom_hidden, emb, True, m.batch_norm)
-    specs["leader.top"] = mlp(emb * topo.top_inputs(cfg.followers), m.top_hidden, table.n_classes, False, False)
+    specs["leader.top"] = mlp(emb * topo.top_inputs(cfg.followers), m.top_hidden, table.outputs, False, False)
     t = cfg.train
     hparams = {
         "optimizer": t.optimizer,
