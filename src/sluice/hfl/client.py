@@ -140,15 +140,20 @@ class Client:
 
     def train(self, server_message: bytes, X: np.ndarray, y: np.ndarray, round: int) -> bytes:
         """Sync to the server model, train on (X, y) and return the encoded upload of round ``round``."""
+        delta = self.local_update(self.sync(server_message), X, y, round)
+        state = self.uplink_state if self.uplink_state is not None else self.uplink.init(delta.shape[0])
+        rng = np.random.default_rng([self.cfg.seed, round, self.client_id])
+        buf, self.uplink_state = self.uplink.encode(delta, state, rng)
+        return buf
+
+    def local_update(self, held: np.ndarray, X: np.ndarray, y: np.ndarray, round: int) -> np.ndarray:
+        """Train from the model ``held`` on (X, y) in round ``round``; return the update Δ (float64) and keep
+        the mean training loss in :attr:`train_loss`."""
         cfg, tr = self.cfg, self.cfg.train
-        held = self.sync(server_message)
-        c = self.client_id
         delta, self.train_loss = local_train(
             self.model, held, X, y, epochs=tr.local_epochs, batch_size=tr.batch_size, lr=tr.lr,
-            seed=cfg.seed * 1_000_003 + round * 1009 + c, trainable=self.trainable_layers)
-        state = self.uplink_state if self.uplink_state is not None else self.uplink.init(delta.shape[0])
-        buf, self.uplink_state = self.uplink.encode(delta, state, np.random.default_rng([cfg.seed, round, c]))
-        return buf
+            seed=cfg.seed * 1_000_003 + round * 1009 + self.client_id, trainable=self.trainable_layers)
+        return delta
 
     # -- state as bytes -----------------------------------------------------------------------
     def state_bytes(self) -> bytes:

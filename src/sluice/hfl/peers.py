@@ -3,7 +3,7 @@
 Each peer is a server half and a client half with the constructors and methods of
 :class:`sluice.hfl.server.Server` and :class:`sluice.hfl.client.Client`, so :class:`sluice.hfl.engine.HFLEngine`
 drives it unchanged (``HFLEngine(cfg, server_cls=..., client_cls=...)``): the same client sampling, data,
-local training (:func:`sluice.hfl.client.local_train` with the seeds of ``Client.train``) and the same byte
+local training (:meth:`sluice.hfl.client.Client.local_update`, the same seeds) and the same byte
 count, ``len()`` of every encoded message. Only the compression differs. Every message is real bytes that
 the other half decodes: vector payloads (:mod:`sluice.wire.vector`) or, for the ternary and quantised codes,
 a raw frame (:mod:`sluice.wire.frame`, kind 18); either way it carries a CRC-32, and a corrupted message
@@ -88,7 +88,7 @@ from torch import nn
 
 from sluice.compress.codecs import count_sketch, sketch_hashes, to_dense, topk_indices
 from sluice.errors import DataError, TrainingError, WireError
-from sluice.hfl.client import Client, local_train
+from sluice.hfl.client import Client
 from sluice.hfl.config import HFLConfig
 from sluice.hfl.server import Server
 from sluice.hfl.state import field, pack, unpack
@@ -506,7 +506,7 @@ class _PeerServer:
 
 class _PeerClient(Client):
     """What every peer client shares with Sluice's :class:`Client`: the scratch model, θ_0, the trainable
-    layers, ``train_loss`` and local training with the same seeds; the compression is the subclass's."""
+    layers, ``train_loss`` and local training (:meth:`Client.local_update`); the compression is the subclass's."""
 
     STATE_KIND: ClassVar[str] = "peer-client"
 
@@ -521,14 +521,6 @@ class _PeerClient(Client):
 
     def receive_anchor(self, broadcast: bytes) -> None:
         raise WireError(f"{type(self).__name__} receives no anchor broadcast")
-
-    def _local(self, held: np.ndarray, X: np.ndarray, y: np.ndarray, round: int) -> np.ndarray:
-        """Δ = θ_local − θ, trained exactly as :meth:`Client.train` trains (same batch-order seed)."""
-        tr = self.cfg.train
-        delta, self.train_loss = local_train(
-            self.model, held, X, y, epochs=tr.local_epochs, batch_size=tr.batch_size, lr=tr.lr,
-            seed=self.cfg.seed * 1_000_003 + round * 1009 + self.client_id, trainable=self.trainable_layers)
-        return delta
 
     def _rng(self, round: int) -> np.random.Generator:
         """The client's randomness in round ``round``, seeded as :meth:`Client.train` seeds its compressor."""
@@ -653,7 +645,7 @@ class STCClient(_ChainClient):
 
     def train(self, server_message: bytes, X: np.ndarray, y: np.ndarray, round: int) -> bytes:
         held = self.sync(server_message)
-        a = self.residual + self._local(held, X, y, round)
+        a = self.residual + self.local_update(held, X, y, round)
         idx, neg, mu, vals = _ternarise(a, self.k)
         a[idx] -= vals
         self.residual = a
@@ -746,7 +738,7 @@ class FetchSGDClient(_PeerClient):
 
     def train(self, server_message: bytes, X: np.ndarray, y: np.ndarray, round: int) -> bytes:
         held = self.sync(server_message)
-        delta = self._local(held, X, y, round)
+        delta = self.local_update(held, X, y, round)
         rows, cols = _sketch_shape(self.cfg, self.d)
         payload, _ = count_sketch(rows, cols, seed=_sketch_seed(self.cfg)).update(delta, cols, self._rng(round))
         table = payload.table.astype(np.float16 if self.hparams.values == "fp16" else np.float32)
@@ -797,7 +789,7 @@ class DGCClient(_PeerClient):
 
     def train(self, server_message: bytes, X: np.ndarray, y: np.ndarray, round: int) -> bytes:
         held = self.sync(server_message)
-        delta = self._local(held, X, y, round)
+        delta = self.local_update(held, X, y, round)
         self.velocity = self.hparams.momentum * self.velocity + delta
         self.accumulated = self.accumulated + self.velocity
         idx = topk_indices(self.accumulated, _count(self.density(round), self.d))
@@ -868,7 +860,7 @@ class QSGDClient(_ChainClient):
 
     def train(self, server_message: bytes, X: np.ndarray, y: np.ndarray, round: int) -> bytes:
         held = self.sync(server_message)
-        delta = self._local(held, X, y, round)
+        delta = self.local_update(held, X, y, round)
         s, b = self.hparams.levels, self.hparams.bucket
         norms, q = _qsgd_quantise(delta, s, b, self._rng(round))
         return _pack_updates(_TAG_QSGD, self.d, [_qsgd_entry(norms, q, s, b)])
