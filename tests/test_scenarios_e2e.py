@@ -203,9 +203,11 @@ def test_example_coverage_hfl_stops_on_the_coverage_error(tmp_path: Path) -> Non
     assert (run / "coverage_error_vs_round.png").is_file() and (run / "coverage_error_vs_mb.png").is_file()
 
 
-def test_example_energy_local_stops_on_the_energy_error(tmp_path: Path) -> None:
+def test_example_energy_local_stops_on_the_energy_error(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     run = tmp_path / "energy"
     assert main(["local", str(EXAMPLES / "energy_local.toml"), "--out", str(run)]) == 0
+    progress = capsys.readouterr().out
+    assert " rmse 0." in progress and " acc " not in progress  # a regression task shows its test RMSE
     rep = _report(run)
     assert rep["cause"] == "CRITERION_MET" and rep["criterion"]["rule"] == "training_error"
     assert rep["model"]["type"] == "MDA_ASSISTED_ENERGY_SAVING_ENERGY_SAVING_ANALYSIS"

@@ -122,8 +122,10 @@ def run_job(
     history = History(unit)
     run = RunDir(out, prefix=prefix)
     try:
+        # the test score shown: accuracy, or a regression task's RMSE
+        score, label = ("test_accuracy", "acc") if "test_accuracy" in engine.metrics else ("test_rmse", "rmse")
         columns = [TextColumn(f"[bold blue]{unit}"), MofNCompleteColumn(), BarColumn(),
-                   TextColumn("loss {task.fields[loss]}"), TextColumn("acc {task.fields[acc]}")]
+                   TextColumn("loss {task.fields[loss]}"), TextColumn(label + " {task.fields[acc]}")]
         if engine.counts_bytes:
             columns += [TextColumn("up {task.fields[up]}"), TextColumn("down {task.fields[down]}")]
         columns.append(TimeElapsedColumn())
@@ -133,7 +135,7 @@ def run_job(
         def on_event(event: Any, proc: TrainingProcess) -> None:
             run.log(history.add(event))
             write_status(run, proc)
-            acc, loss = history.last("test_accuracy"), history.last("train_loss")
+            acc, loss = history.last(score), history.last("train_loss")
             progress.update(task, completed=proc.n, acc=f"{acc:.4f}" if acc is not None else "-",
                             loss=f"{loss:.4f}" if loss is not None else "-",
                             up=mb(history.cum_bytes_up), down=mb(history.cum_bytes_down))
