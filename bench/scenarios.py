@@ -6,8 +6,8 @@ it measures
 * generation time (the cache turned off) and the size of the cached ``.npz`` file;
 * the type-specific error of the centralised model (``sluice local``: every party's train rows pooled),
   of dense FedAvg across the scenario's parties (fp32 both ways, dense downlink) and of Sluice's
-  compressed HFL (the defaults: top-k uploads, server top-k, per-client sparse downlink), with the bytes
-  each federated run put on the wire (up + down, ``len()`` of every message).
+  compressed HFL (the defaults of ``sluice run``), with the bytes each federated run put on the wire (up +
+  down, ``len()`` of every message).
 
 Both federated runs use the same model, rounds, learning rate, participation and seeds; the centralised
 run the same model and learning rate. The type-specific error is ``coverage_error`` (coverage: mean

@@ -113,17 +113,21 @@ def test_sample_upload_keeps_only_sign_rounding_in_the_residual() -> None:
         np.testing.assert_allclose(to_dense(decode(buf)) + state[0], to_dense(picked), atol=1e-9)
 
 
-def test_server_budget_grows_with_the_uploads_aggregated() -> None:
+def test_server_budget_grows_with_the_uploads_aggregated_and_shrinks_with_the_clients() -> None:
+    """k = down_budget·(M/N)·d: 0.5 % of d for the default's 5 uploads of 20 clients, twice the coordinates
+    for twice the uploads, and a fifth of the share for the same uploads among five times the clients (every
+    step reaches all N clients, so the downlink's cost per round grows with N·k)."""
     d = 20_000
     cfg = load_config(None, ["compression.downlink=\"dense\""], HFLConfig)
-    assert cfg.compression.down_ratio is None and cfg.compression.down_share(5) == pytest.approx(0.005)
-    for uploads in (1, 5, 10):
-        server = Server(cfg, np.zeros(d, dtype=np.float32), num_clients=20)
+    assert cfg.compression.down_ratio is None and cfg.compression.down_share(5, 20) == pytest.approx(0.005)
+    for clients, uploads, share in ((20, 1, 0.001), (20, 5, 0.005), (20, 10, 0.01), (100, 10, 0.002),
+                                    (100, 50, 0.01)):
+        server = Server(cfg, np.zeros(d, dtype=np.float32), num_clients=clients)
         rng = np.random.default_rng(uploads)
         for c in range(uploads):
             server.receive(c, _encode_dense(rng.normal(size=d)), 1.0)
         server.close_round()
-        assert np.count_nonzero(server.params) == round(0.001 * d * uploads)
+        assert np.count_nonzero(server.params) == round(share * d)
     fixed = load_config(None, ["compression.down_ratio=0.005", "compression.downlink=\"dense\""], HFLConfig)
     server = Server(fixed, np.zeros(d, dtype=np.float32), num_clients=20)
     for c in range(10):

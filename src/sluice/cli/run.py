@@ -66,7 +66,7 @@ def _describe(engine: Any) -> str:
     split = f"parties of the scenario, {engine.data.model_type}" if cfg.data.is_scenario else cfg.data.partition
     return (f"[bold]sluice run[/]: {cfg.data.dataset}, {len(engine.data.clients)} clients ({split}), "
             f"q={cfg.train.participation}, d={engine.num_params}; up={c.up}({c.up_ratio}) "
-            f"down={c.down}({c.down_ratio if c.down_ratio is not None else f'{c.down_per_upload}/upload'}) "
+            f"down={c.down}({c.down_ratio if c.down_ratio is not None else f'{c.down_budget}·M/N'}) "
             f"downlink={c.downlink}")
 
 

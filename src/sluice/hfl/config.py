@@ -2,9 +2,9 @@
 
 Every option has a default that runs: digits split by Dirichlet(0.3) over 20 clients, q = 0.25,
 unbiased sampled uploads of 2 % of the coordinates with sign values, server top-k with error feedback
-(0.1 % of the coordinates per upload aggregated, steps of one sign bit a value) and a per-client sparse
-downlink. ``train.rounds`` is the default iteration limit of a job; ``[termination] iterations``
-replaces it when given."""
+(0.5 % of the coordinates in a round that aggregates 5 uploads of 20 clients, steps of one sign bit a
+value) and a per-client sparse downlink. ``train.rounds`` is the default iteration limit of a job;
+``[termination] iterations`` replaces it when given."""
 
 from __future__ import annotations
 
@@ -54,9 +54,10 @@ class CompressionConfig(Section):
     lossless: Literal["none", "zstd"] = "none"
     down: Literal["dense", "topk"] = "topk"
     down_ratio: float | None = Field(None, gt=0, le=1, description="k/d the server applies per round (top-k); "
-                                     "unset: down_per_upload times the uploads aggregated")
-    down_per_upload: float = Field(0.001, gt=0, le=1, description="k/d the server applies per upload it "
-                                                                  "aggregated in the round, when down_ratio is unset")
+                                     "unset: down_budget times the share of the clients whose uploads it aggregated")
+    down_budget: float = Field(0.02, gt=0, le=1, description="k/d the server applies in a round that aggregates "
+                               "an upload from every client, when down_ratio is unset: a round that aggregates M "
+                               "uploads of N clients applies down_budget*M/N")
     down_values: Literal["auto", "fp32", "fp16", "int8", "sign"] = Field(
         "auto", description="type of the server's applied steps; auto = sign (one bit per value times the mean "
                             "magnitude) with top-k, fp32 with dense; int8 = with a per-step scale"
@@ -68,9 +69,12 @@ class CompressionConfig(Section):
     downlink: Literal["dense", "initial", "per-client", "anchor"] = "per-client"
     anchor_every: int = Field(10, ge=1)
 
-    def down_share(self, uploads: int) -> float:
-        """k/d of the server's top-k in a round that aggregated ``uploads`` uploads (at most 1)."""
-        return self.down_ratio if self.down_ratio is not None else min(1.0, self.down_per_upload * max(1, uploads))
+    def down_share(self, uploads: int, clients: int) -> float:
+        """k/d of the server's top-k in a round that aggregated ``uploads`` uploads of ``clients`` clients (at
+        most 1): ``down_ratio``, or ``down_budget·uploads/clients``."""
+        if self.down_ratio is not None:
+            return self.down_ratio
+        return min(1.0, self.down_budget * max(1, uploads) / max(1, clients))
 
 
 class HFLConfig(Section):

@@ -14,8 +14,7 @@ halves share: the configuration (its seed) and the round number.
 from the configuration where their meaning matches the method's, so a benchmark can put every method on the
 same budget: ``compression.up_ratio`` is the share of coordinates a client sends (STC's p_up, DGC's
 density), ``compression.down_ratio`` the share the server applies and sends (STC's p_down, FetchSGD's k/d;
-when unset, Sluice's ``down_per_upload`` times the uploads a round expects, the budget Sluice's own
-server has at full participation of the sampled clients),
+when unset, the share Sluice's own server applies in a round where every sampled client uploads),
 ``compression.momentum`` FetchSGD's server momentum ρ, ``compression.sketch_rows`` /
 ``sketch_cols_ratio`` FetchSGD's sketch shape and ``train.server_lr`` the server step size (1 in every paper).
 Each method's other hyper-parameters sit in a small frozen dataclass (the class attribute ``hparams``), set
@@ -163,9 +162,9 @@ class QSGDParams:
 
 # ---------------------------------------------------------------------------------------------- helpers
 def _down_share(cfg: HFLConfig, num_clients: int) -> float:
-    """The share the server applies per round: ``compression.down_ratio``, or when unset Sluice's per-upload
-    share times the uploads a round expects, ``round(q·n)``, so peers get the budget Sluice gets."""
-    return cfg.compression.down_share(max(1, round(cfg.train.participation * num_clients)))
+    """The share the server applies per round: ``compression.down_ratio``, or when unset Sluice's share for
+    the uploads a round expects, ``round(q·n)`` of ``n``, so peers get the budget Sluice gets."""
+    return cfg.compression.down_share(max(1, round(cfg.train.participation * num_clients)), num_clients)
 
 
 def _count(ratio: float, d: int) -> int:

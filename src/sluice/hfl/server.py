@@ -14,9 +14,13 @@ Notation per round t, over the d model coordinates:
   and elsewhere the aggregate merged with the residual carried from earlier rounds (its "second
   gradients").
 * selected: ``I_t = topk(a_t)`` with ``k = down_ratio·d`` per round, or, by default,
-  ``k = down_per_upload·d`` per upload aggregated this round: the server passes on a fixed share of
-  what it received, so a round that aggregates twice the uploads applies twice the coordinates instead
-  of letting the residual (and with it the lag of the clients' model behind the aggregate) grow.
+  ``k = down_budget·(M/N)·d`` in a round that aggregates M uploads of N clients. It grows with M: the
+  server passes on a fixed share of what it received, so a round that aggregates twice the uploads
+  applies twice the coordinates instead of letting the residual (and with it the lag of the clients'
+  model behind the aggregate) grow. It shrinks with N: every step reaches every one of the N clients in
+  time (a client gets all the steps since it last synced), so the downlink costs about N·k a round
+  where dense FedAvg sends M models, and k ∝ M/N keeps that ratio, and with it the reduction, the same
+  for 20 clients at q = 0.25 and for 100 at q = 0.1.
 * applied: ``s_t[i] = round(η·a_t[i] + ρ·v_{t−1}[i])`` on ``I_t`` and 0 elsewhere, rounded to the downlink
   value type (fp32, fp16, int8 or signs with a per-step scale): the model moves ``θ_{t+1} = θ_t + s_t``, a
   step that travels to clients exactly.
@@ -235,7 +239,7 @@ class Server:
             g = aggregate([self._uploads[i][0] for i in ids], [self._uploads[i][1] for i in ids], self.d)
             dense_down = c.down == "dense"
             self.state, _, step = server_step(
-                self.state, g, ratio=1.0 if dense_down else c.down_share(len(ids)), rho=c.momentum,
+                self.state, g, ratio=1.0 if dense_down else c.down_share(len(ids), self.num_clients), rho=c.momentum,
                 lr=self.cfg.train.server_lr, values=value_type(c.down_values, dense=dense_down, compressed="sign"),
                 adapt=0.0 if dense_down else c.down_adapt)
         else:
