@@ -123,20 +123,20 @@ def run_job(
     run = RunDir(out, prefix=prefix)
     try:
         # the test score shown: accuracy, or a regression task's RMSE
-        score, label = ("test_accuracy", "acc") if "test_accuracy" in engine.metrics else ("test_rmse", "rmse")
+        metric, label = ("test_accuracy", "acc") if "test_accuracy" in engine.metrics else ("test_rmse", "rmse")
         columns = [TextColumn(f"[bold blue]{unit}"), MofNCompleteColumn(), BarColumn(),
-                   TextColumn("loss {task.fields[loss]}"), TextColumn(label + " {task.fields[acc]}")]
+                   TextColumn("loss {task.fields[loss]}"), TextColumn(label + " {task.fields[score]}")]
         if engine.counts_bytes:
             columns += [TextColumn("up {task.fields[up]}"), TextColumn("down {task.fields[down]}")]
         columns.append(TimeElapsedColumn())
         progress = Progress(*columns, console=console, transient=False)
-        task = progress.add_task("train", total=termination.iterations, loss="-", acc="-", up="0", down="0")
+        task = progress.add_task("train", total=termination.iterations, loss="-", score="-", up="0", down="0")
 
         def on_event(event: Any, proc: TrainingProcess) -> None:
             run.log(history.add(event))
             write_status(run, proc)
-            acc, loss = history.last(score), history.last("train_loss")
-            progress.update(task, completed=proc.n, acc=f"{acc:.4f}" if acc is not None else "-",
+            score, loss = history.last(metric), history.last("train_loss")
+            progress.update(task, completed=proc.n, score=f"{score:.4f}" if score is not None else "-",
                             loss=f"{loss:.4f}" if loss is not None else "-",
                             up=mb(history.cum_bytes_up), down=mb(history.cum_bytes_down))
 
