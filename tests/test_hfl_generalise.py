@@ -15,6 +15,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -192,19 +194,57 @@ def test_adaptive_gain_rises_while_aggregates_keep_the_step_sign_and_falls_when_
     assert state.gain == 1.0 and len(idx) == 20  # nothing to compare with yet
     assert np.array_equal(state.last_idx, idx) and np.array_equal(state.last_sign, np.sign(g[idx]))
     assert adapt_gain(state, g, beta) == pytest.approx(np.exp(beta / 2))  # every sign kept: A = 1
-    assert adapt_gain(state, -g, beta) == pytest.approx(np.exp(-beta / 2))  # every sign turned: A = 0
+    raised = replace(state, gain=4.0)
+    assert adapt_gain(raised, -g, beta) == pytest.approx(4.0 * np.exp(-beta / 2))  # every sign turned: A = 0
     half = g.copy()
     half[idx[::2]] *= -1
-    assert adapt_gain(state, half, beta) == pytest.approx(1.0)  # A = 1/2
+    assert adapt_gain(raised, half, beta) == 4.0  # A = 1/2
     silent = g.copy()
     silent[idx] = 0  # nothing arrived where the step went: no evidence, the gain stays
-    assert adapt_gain(state, silent, beta) == 1.0
-    assert adapt_gain(state, -g, 0.0) == 1.0  # beta = 0: a fixed step
+    assert adapt_gain(raised, silent, beta) == 4.0
+    assert adapt_gain(raised, -g, 0.0) == 4.0  # beta = 0: the gain stays
     for sign, bound in ((1, GAIN_BOUNDS[1]), (-1, GAIN_BOUNDS[0])):
-        s = state
+        s = raised
         for _ in range(12):
             s, _, _ = server_step(s, _answer(s, rng, sign), ratio=0.05, values="sign", adapt=beta)
         assert s.gain == pytest.approx(bound)
+
+
+def test_adaptive_gain_never_falls_below_the_configured_step() -> None:
+    """Turn-backs lower a raised gain down to 1 and no further: the server's step is never smaller than
+    the configured one, the energy scenario's stall."""
+    d, beta = 400, 1.0
+    rng = np.random.default_rng(11)
+    g = rng.normal(size=d)
+    state, _, _ = server_step(init_server(np.zeros(d, dtype=np.float32)), g, ratio=0.05, values="sign", adapt=beta)
+    assert GAIN_BOUNDS[0] == 1.0
+    assert adapt_gain(state, -g, beta) == 1.0  # A = 0 at gain 1: it stays
+    s = replace(state, gain=2.0)
+    gains = []
+    for _ in range(10):
+        s, _, _ = server_step(s, _answer(s, rng, -1), ratio=0.05, values="sign", adapt=beta)
+        gains.append(s.gain)
+    assert gains[0] == pytest.approx(2.0 * np.exp(-beta / 2)) and min(gains) == gains[-1] == 1.0
+
+
+def test_adaptive_gain_moves_only_beyond_a_fair_coins_standard_error() -> None:
+    """With n heard coordinates the gain stays while |A - 1/2| <= 1/(2 sqrt n) and moves by exp(beta (A - 1/2))
+    beyond it: 20 coordinates, one standard error 0.112, so 12 agreeing (A = 0.6) is noise and 13 (0.65) is not."""
+    d, beta = 400, 1.0
+    rng = np.random.default_rng(12)
+    g = rng.normal(size=d)
+    state, idx, _ = server_step(init_server(np.zeros(d, dtype=np.float32)), g, ratio=0.05, values="sign", adapt=beta)
+    state = replace(state, gain=3.0)
+    for agreeing, moves in ((12, False), (13, True), (8, False), (7, True)):
+        answer = g.copy()
+        answer[idx[agreeing:]] *= -1
+        want = 3.0 * np.exp(beta * (agreeing / 20 - 0.5)) if moves else 3.0
+        assert adapt_gain(state, answer, beta) == pytest.approx(want), agreeing
+    few = g.copy()
+    few[idx[4:]] = 0  # 4 heard, all agreeing: A = 1 is beyond 1/(2*sqrt 4) = 0.25
+    assert adapt_gain(state, few, beta) == pytest.approx(3.0 * np.exp(beta / 2))
+    few[idx[1:4]] *= -1  # 1 of 4 agreeing: |0.25 - 0.5| = 0.25 is within it
+    assert adapt_gain(state, few, beta) == 3.0
 
 
 def test_adaptive_gain_scales_the_step_and_the_residual_keeps_the_aggregate_mass() -> None:
@@ -229,19 +269,23 @@ def test_adaptive_gain_scales_the_step_and_the_residual_keeps_the_aggregate_mass
 @pytest.mark.parametrize("noise", [0.0, 0.01])
 def test_adaptive_step_converges_closer_than_a_fixed_step(noise: float) -> None:
     """Sparse sign steps on a quadratic (each round's aggregate is a small step towards the optimum,
-    plus noise): after 300 rounds the adaptive step is several times closer than the fixed one."""
+    plus noise): the steps fall short, the gain rises, and after 100 rounds the adaptive step is well
+    closer than the fixed one; near the optimum the turn-backs bring the gain back to 1."""
 
-    def distance(beta: float) -> float:
+    def distance(beta: float) -> tuple[float, list[float]]:
         rng = np.random.default_rng(0)
         target = rng.normal(size=2000)
         state = init_server(np.zeros(2000, dtype=np.float32))
-        for _ in range(300):
+        gains = []
+        for _ in range(100):
             g = 0.02 * (target - state.params) + noise * rng.normal(size=2000)
             state, _, _ = server_step(state, g, ratio=0.01, values="sign", adapt=beta)
-        return float(np.linalg.norm(state.params - target) / np.linalg.norm(target))
+            gains.append(state.gain)
+        return float(np.linalg.norm(state.params - target) / np.linalg.norm(target)), gains
 
-    fixed, adaptive = distance(0.0), distance(1.0)
-    assert adaptive < fixed / 2, (fixed, adaptive)
+    (fixed, _), (adaptive, gains) = distance(0.0), distance(1.0)
+    assert adaptive < 0.75 * fixed, (fixed, adaptive)
+    assert max(gains) > 5 and gains[-1] < 2, gains
 
 
 def test_dense_server_and_saved_state_keep_the_gain() -> None:

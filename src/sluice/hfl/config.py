@@ -63,8 +63,9 @@ class CompressionConfig(Section):
                             "magnitude) with top-k, fp32 with dense; int8 = with a per-step scale"
     )
     down_adapt: float = Field(1.0, ge=0, le=10, description="rate beta of the adaptive server step (top-k): the "
-                              "step's gain is multiplied by exp(beta*(A - 1/2)) each round, A = share of the last "
-                              "step's coordinates where the new aggregate has the step's sign; 0: gain 1")
+                              "step's gain (1 to 10) is multiplied by exp(beta*(A - 1/2)) in a round where A, the "
+                              "share of the n heard coordinates of the last step where the new aggregate has the "
+                              "step's sign, is more than 1/(2*sqrt(n)) from 1/2; 0: gain 1")
     momentum: float = Field(0.0, ge=0, lt=1, description="server momentum rho")
     downlink: Literal["dense", "initial", "per-client", "anchor"] = "per-client"
     anchor_every: int = Field(10, ge=1)
