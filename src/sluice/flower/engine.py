@@ -31,7 +31,6 @@ Sluice's payload.
 from __future__ import annotations
 
 import concurrent.futures
-import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -292,16 +291,7 @@ class FlowerEngine(ServerModel, Suspendable):
         metrics: dict[str, float] = {"participants": float(len(losses)), "dropped": float(dropped),
                                      "resynced": float(resynced), "nodes": float(len(self._node_of)),
                                      "flower_bytes_up": float(flower_up), "flower_bytes_down": float(flower_down)}
-        if losses and sum(weights) > 0:
-            metrics["train_loss"] = float(np.average(losses, weights=weights))
-        if rnd % tr.eval_every == 0:
-            metrics.update(self._evaluate())
-        anomaly, detail = None, ""
-        bad = [k for k in ("train_loss", "test_loss") if k in metrics and not math.isfinite(metrics[k])]
-        if bad:
-            anomaly, detail = "DIVERGED", f"{bad[0]} is {metrics[bad[0]]} at round {rnd}"
-        return IterationEvent(iteration=rnd, metrics=metrics, bytes_up=bytes_up, bytes_down=bytes_down,
-                              seconds=time.perf_counter() - t0, anomaly=anomaly, detail=detail)
+        return self._round_event(rnd, metrics, losses, weights, bytes_up, bytes_down, t0)
 
     @torch.no_grad()
     def _evaluate(self) -> dict[str, float]:

@@ -38,9 +38,10 @@ from sluice.models import get_flat, num_params, set_flat
 
 
 class ServerModel:
-    """``save``, ``params`` and ``num_params`` of an HFL engine, whose server half holds the model: the
-    engine's ``start`` builds ``server`` (its ``params`` and ``round``), ``model`` (a scratch module of the
-    architecture) and ``data``, and ``cfg`` is its :class:`HFLConfig`."""
+    """``save``, ``params``, ``num_params`` and the round's event of an HFL engine, whose server half holds
+    the model: the engine's ``start`` builds ``server`` (its ``params`` and ``round``), ``model`` (a scratch
+    module of the architecture) and ``data``, ``cfg`` is its :class:`HFLConfig`, and ``_evaluate()`` gives
+    the server model's test metrics."""
 
     def save(self, path: str | Path) -> str:
         """The server model with what rebuilds it (architecture, feature and class counts, round), by
@@ -63,6 +64,22 @@ class ServerModel:
     def num_params(self) -> int:
         self.start()
         return num_params(self.model)
+
+    def _round_event(self, rnd: int, metrics: dict[str, float], losses: list[float], weights: list[float],
+                     bytes_up: int, bytes_down: int, t0: float) -> IterationEvent:
+        """Round ``rnd``'s event: ``metrics`` plus the clients' train loss (weighted by ``weights``) and,
+        every ``train.eval_every`` rounds, the engine's ``_evaluate()``; DIVERGED when a loss is not
+        finite."""
+        if losses and sum(weights) > 0:
+            metrics["train_loss"] = float(np.average(losses, weights=weights))
+        if rnd % self.cfg.train.eval_every == 0:
+            metrics.update(self._evaluate())
+        anomaly, detail = None, ""
+        bad = [k for k in ("train_loss", "test_loss") if k in metrics and not math.isfinite(metrics[k])]
+        if bad:
+            anomaly, detail = "DIVERGED", f"{bad[0]} is {metrics[bad[0]]} at round {rnd}"
+        return IterationEvent(iteration=rnd, metrics=metrics, bytes_up=bytes_up, bytes_down=bytes_down,
+                              seconds=time.perf_counter() - t0, anomaly=anomaly, detail=detail)
 
 
 class HFLEngine(ServerModel, Suspendable):
@@ -296,16 +313,7 @@ class HFLEngine(ServerModel, Suspendable):
                 client.receive_anchor(broadcast)
             bytes_down += n * len(broadcast)
         metrics: dict[str, float] = {"participants": float(len(losses)), "dropped": float(int(failed.sum()))}
-        if losses and sum(weights) > 0:
-            metrics["train_loss"] = float(np.average(losses, weights=weights))
-        if rnd % tr.eval_every == 0:
-            metrics.update(self._evaluate())
-        anomaly, detail = None, ""
-        bad = [k for k in ("train_loss", "test_loss") if k in metrics and not math.isfinite(metrics[k])]
-        if bad:
-            anomaly, detail = "DIVERGED", f"{bad[0]} is {metrics[bad[0]]} at round {rnd}"
-        return IterationEvent(iteration=rnd, metrics=metrics, bytes_up=bytes_up, bytes_down=bytes_down,
-                              seconds=time.perf_counter() - t0, anomaly=anomaly, detail=detail)
+        return self._round_event(rnd, metrics, losses, weights, bytes_up, bytes_down, t0)
 
     @torch.no_grad()
     def _evaluate(self) -> dict[str, float]:

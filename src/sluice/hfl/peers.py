@@ -86,10 +86,10 @@ import numpy as np
 from torch import nn
 
 from sluice.compress.codecs import count_sketch, sketch_hashes, to_dense, topk_indices
-from sluice.errors import DataError, TrainingError, WireError
+from sluice.errors import TrainingError, WireError
 from sluice.hfl.client import Client
 from sluice.hfl.config import HFLConfig
-from sluice.hfl.server import Server
+from sluice.hfl.server import Server, UploadInbox
 from sluice.hfl.state import field, pack, unpack
 from sluice.wire.frame import KIND_RAW, check_header, frame, read_varint, unframe, varint
 from sluice.wire.vector import DensePayload, SketchPayload, SparsePayload, _rice_decode, _rice_encode, decode, encode
@@ -397,7 +397,7 @@ class _UpdateCache:
 
 
 # ------------------------------------------------------------------------------------------------ halves
-class _PeerServer:
+class _PeerServer(UploadInbox):
     """What every peer server shares: the model, the round, checked uploads, the weighted average.
 
     Subclasses decode uploads (:meth:`_decode_upload`), take a step from the weighted average of the
@@ -425,16 +425,7 @@ class _PeerServer:
         """Rounds closed so far."""
         return self._round
 
-    def _check_client(self, client_id: int) -> int:
-        if isinstance(client_id, bool) or not isinstance(client_id, int | np.integer) or not (
-                0 <= client_id < self.num_clients):
-            raise DataError(f"client id must be an integer in [0, {self.num_clients}), got {client_id!r}")
-        return int(client_id)
-
     def message(self, client_id: int) -> bytes:  # pragma: no cover - every peer defines it
-        raise NotImplementedError
-
-    def _decode_upload(self, upload: bytes) -> np.ndarray:  # pragma: no cover - every peer defines it
         raise NotImplementedError
 
     def _step(self, avg: np.ndarray) -> None:  # pragma: no cover - every peer defines it
@@ -442,26 +433,6 @@ class _PeerServer:
 
     def _idle(self) -> None:
         """A round in which nothing arrived."""
-
-    def receive(self, client_id: int, upload: bytes, weight: float) -> None:
-        """Take ``client_id``'s upload with its weight (sample count); :class:`WireError` for bad bytes,
-        :class:`DataError` for a second upload in a round or a negative or non-finite weight."""
-        c = self._check_client(client_id)
-        if c in self._uploads:
-            raise DataError(f"client {c} already uploaded in round {self.round + 1}")
-        w = float(weight)
-        if not math.isfinite(w) or w < 0:
-            raise DataError(f"the weight of client {c}'s upload must be a finite number >= 0, got {weight!r}")
-        try:
-            est = self._decode_upload(upload)
-        except WireError as exc:
-            raise WireError(f"upload of client {c}: {exc}") from None
-        self._uploads[c] = (est, w)
-
-    @property
-    def received(self) -> int:
-        """Uploads taken in the open round."""
-        return len(self._uploads)
 
     def close_round(self) -> bytes | None:
         """Average the uploads (weights ∝ sample counts, client-id order) and step; peers send no anchor

@@ -182,7 +182,47 @@ def server_step(
                        last_idx=idx[went], last_sign=np.sign(moved[went]).astype(np.int8)), idx, step
 
 
-class Server:
+class UploadInbox:
+    """The uploads of the open round, as every server (Sluice's and the peers') takes them: checked client
+    ids, one upload per client a round, finite non-negative weights, bytes decoded by the subclass's
+    :meth:`_decode_upload`. The subclass sets ``num_clients`` and ``_uploads`` and has a ``round``."""
+
+    num_clients: int
+    _uploads: dict[int, tuple[np.ndarray, float]]
+    round: int
+
+    def _decode_upload(self, upload: bytes) -> np.ndarray:  # pragma: no cover - every server defines it
+        raise NotImplementedError
+
+    def _check_client(self, client_id: int) -> int:
+        if isinstance(client_id, bool) or not isinstance(client_id, int | np.integer) or not (
+                0 <= client_id < self.num_clients):
+            raise DataError(f"client id must be an integer in [0, {self.num_clients}), got {client_id!r}")
+        return int(client_id)
+
+    def receive(self, client_id: int, upload: bytes, weight: float) -> None:
+        """Take ``client_id``'s upload (the encoded update estimate) with its aggregation weight (its
+        number of samples). Malformed bytes raise :class:`WireError`; a second upload in one round, a
+        negative or non-finite weight, :class:`DataError`."""
+        c = self._check_client(client_id)
+        if c in self._uploads:
+            raise DataError(f"client {c} already uploaded in round {self.round + 1}")
+        w = float(weight)
+        if not math.isfinite(w) or w < 0:
+            raise DataError(f"the weight of client {c}'s upload must be a finite number >= 0, got {weight!r}")
+        try:
+            estimate = self._decode_upload(upload)
+        except WireError as exc:
+            raise WireError(f"upload of client {c}: {exc}") from None
+        self._uploads[c] = (estimate, w)
+
+    @property
+    def received(self) -> int:
+        """Uploads taken in the open round."""
+        return len(self._uploads)
+
+
+class Server(UploadInbox):
     """The server half: holds the server state and speaks bytes with the clients.
 
     A round is: :meth:`message` for every sampled client (each gets its own downlink message),
@@ -212,36 +252,12 @@ class Server:
         """Rounds closed so far."""
         return self.state.round
 
-    def _check_client(self, client_id: int) -> int:
-        if isinstance(client_id, bool) or not isinstance(client_id, int | np.integer) or not (
-                0 <= client_id < self.num_clients):
-            raise DataError(f"client id must be an integer in [0, {self.num_clients}), got {client_id!r}")
-        return int(client_id)
-
     def message(self, client_id: int) -> bytes:
         """This round's downlink message for ``client_id``: it brings that client to θ_t exactly."""
         return self.downlink.message(self._check_client(client_id), self.state.params)
 
-    def receive(self, client_id: int, upload: bytes, weight: float) -> None:
-        """Take ``client_id``'s upload (the encoded update estimate) with its aggregation weight (its
-        number of samples). Malformed bytes raise :class:`WireError`; a second upload in one round, a
-        negative or non-finite weight, :class:`DataError`."""
-        c = self._check_client(client_id)
-        if c in self._uploads:
-            raise DataError(f"client {c} already uploaded in round {self.round + 1}")
-        w = float(weight)
-        if not math.isfinite(w) or w < 0:
-            raise DataError(f"the weight of client {c}'s upload must be a finite number >= 0, got {weight!r}")
-        try:
-            estimate = decode_to_dense(upload, self.d)
-        except WireError as exc:
-            raise WireError(f"upload of client {c}: {exc}") from None
-        self._uploads[c] = (estimate, w)
-
-    @property
-    def received(self) -> int:
-        """Uploads taken in the open round."""
-        return len(self._uploads)
+    def _decode_upload(self, upload: bytes) -> np.ndarray:
+        return decode_to_dense(upload, self.d)
 
     def close_round(self) -> bytes | None:
         """Aggregate, apply top-k with error feedback, record the step for the downlink; return the anchor
