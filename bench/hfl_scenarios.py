@@ -51,6 +51,11 @@ SCENARIOS: dict[str, dict] = {
     "digits 100 clients q 0.1": {"over": ["data.num_clients=100", "train.participation=0.1"]},
     "digits dropout 0.3": {"over": ["train.dropout=0.3"]},
     "digits momentum 0.9": {"over": ["compression.momentum=0.9"]},
+    "digits Dir 0.1 momentum 0.9": {"over": ["data.alpha=0.1", "compression.momentum=0.9"]},
+    "digits 100 clients q 0.1 momentum 0.9": {"over": ["data.num_clients=100", "train.participation=0.1",
+                                                       "compression.momentum=0.9"]},
+    "mnist-shards momentum 0.9": {"over": ["data.dataset=\"mnist\"", "data.partition=\"shards\"",
+                                           "compression.momentum=0.9"]},
     "synthetic-1-1 momentum 0.9": {"over": [*synthetic(1, 1), "compression.momentum=0.9"]},
     "digits model x10 (512-448)": {"over": ["model.hidden=[512, 448]"]},
 }
