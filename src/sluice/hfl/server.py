@@ -31,8 +31,10 @@ Notation per round t, over the d model coordinates:
   gain sizes each step's gradient part and the velocity carries that part at the configured step: were
   the gained step the velocity, momentum would multiply the gain again, to ``G/(1 − ρ)`` on a coordinate
   selected every round where FedAvgM moves ``1/(1 − ρ)``, and the more often coordinates are selected the
-  more the gain would overshoot (digits, ρ = 0.9, dense uploads and half of the coordinates a round: 1.9
-  points below FedAvgM with the gained velocity, 0.7 below with a fixed step).
+  more the gain would overshoot (MNIST shards, ρ = 0.9, dense uploads and half of the coordinates a round:
+  6.2 points below FedAvgM with the gained velocity, 0.1 with this one). At the default budget, where few
+  coordinates are selected in consecutive rounds, the gained velocity was worth up to a point on some
+  federations (``bench/results/hfl_momentum*.md``).
   The momentum is applied only where the step goes, so the step stays sparse, and momentum never enters
   the residual. SPEC C2 puts the momentum on the aggregate before the selection (``g_t = ρ·g_{t−1} + g_t``);
   with top-k that fills the residual with momentum-amplified mass, released in bursts against a model
