@@ -179,10 +179,11 @@ def server_step(
     else:
         raise ConfigError(f"server step values must be one of {', '.join(VALUE_TYPES)}; got {values!r}")
     moved = float_values(step)
+    gradient_part = moved.astype(np.float64) - carried
     residual = acc
-    residual[idx] -= (moved.astype(np.float64) - carried) / (lr * gain)
+    residual[idx] -= gradient_part / (lr * gain)
     if rho > 0:
-        velocity[idx] = carried + (moved.astype(np.float64) - carried) / gain
+        velocity[idx] = carried + gradient_part / gain
     params = state.params.copy()
     params[idx] += moved
     went = np.isfinite(moved) & (moved != 0)
