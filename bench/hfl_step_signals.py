@@ -14,6 +14,10 @@ and records for each step the final accuracy and two signals, averaged over roun
   locally (it knows its previous update and the coordinates its downlink changed); a server using it would
   receive two counts with every upload.
 
+The table also gives how often a step repeats: the share of a step's coordinates that the step before
+moved as well. Only those meet their velocity undecayed, so it says how much of the step the sparse heavy
+ball (``compression.momentum``) can accelerate.
+
 A signal fit to set the step would take one value at every federation's best step and another where steps
 are too large. The accuracy column gives each seed, so a collapsed seed shows.
 
@@ -50,11 +54,13 @@ SKIP = 15
 
 class SignalServer(Server):
     """Sluice's server that also counts, each round, the heard coordinates of the last step and how many of
-    them the aggregate agrees with (``A``'s numerator and denominator)."""
+    them the aggregate agrees with (``A``'s numerator and denominator), and the coordinates of the step it
+    applies and how many of them the last step moved too."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.counts: list[tuple[int, int, int]] = []  # (round, heard, agreeing)
+        self.repeats: list[tuple[int, int, int]] = []  # (round, stepped, stepped the round before too)
 
     def close_round(self) -> bytes | None:
         s = self.state
@@ -64,7 +70,11 @@ class SignalServer(Server):
             seen = g[s.last_idx]
             heard = seen != 0
             self.counts.append((s.round + 1, int(heard.sum()), int((np.sign(seen[heard]) == s.last_sign[heard]).sum())))
-        return super().close_round()
+        broadcast = super().close_round()
+        stepped = self.state.last_idx
+        if s.last_idx is not None and stepped is not None and stepped is not s.last_idx:
+            self.repeats.append((self.state.round, len(stepped), int(np.isin(stepped, s.last_idx).sum())))
+        return broadcast
 
 
 class SignalClient(Client):
@@ -115,8 +125,9 @@ def run_one(job: tuple[str, float, int, int]) -> dict:
     paired = [c for client in engine.clients for c in client.counts]
     a, heard = share(engine.server.counts)
     ap, pairs = share(paired)
+    repeat, _ = share(engine.server.repeats)
     return {"federation": federation, "step": step, "seed": seed, "accuracy": event.metrics["test_accuracy"],
-            "A": a, "heard": heard, "Ap": ap, "pairs": pairs}
+            "A": a, "heard": heard, "Ap": ap, "pairs": pairs, "repeat": repeat}
 
 
 def main() -> None:
@@ -139,7 +150,7 @@ def main() -> None:
             rs = [r for r in runs if r["federation"] == f and r["step"] == s]
             rows.append({"federation": f, "step": s, "accuracy": statistics.fmean(r["accuracy"] for r in rs),
                          "accuracies": [r["accuracy"] for r in rs],
-                         **{k: statistics.fmean(r[k] for r in rs) for k in ("A", "heard", "Ap", "pairs")}})
+                         **{k: statistics.fmean(r[k] for r in rs) for k in ("A", "heard", "Ap", "pairs", "repeat")}})
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     results = {"rounds": args.rounds, "seeds": args.seeds, "skip": SKIP, "machine": platform.platform(),
@@ -150,13 +161,15 @@ def main() -> None:
              f"Machine: {results['machine']}, Python {results['python']}. Command: `{command.strip()}`. "
              f"Signals averaged over rounds {SKIP + 1}–{args.rounds} of every seed (module docstring of "
              "`bench/hfl_step_signals.py`): A with the coordinates it rests on per round, Ap with the pairs. "
+             "Repeat: the share of a step's coordinates that the step before moved too. "
              "A is nan where a seed diverged and left no finite step to compare with.", "",
-             "| federation | server step | accuracy | seeds | A | coordinates per round | Ap | pairs per round |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| federation | server step | accuracy | seeds | A | coordinates per round | Ap | pairs per round "
+             "| repeat |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['federation']} | {r['step']:g} | {r['accuracy']:.4f} | "
                      f"{', '.join(f'{a:.3f}' for a in r['accuracies'])} | {r['A']:.3f} | {r['heard']:.0f} | "
-                     f"{r['Ap']:.3f} | {r['pairs']:.0f} |")
+                     f"{r['Ap']:.3f} | {r['pairs']:.0f} | {r['repeat']:.3f} |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print(f"wrote {out.with_suffix('.md')} and {out.with_suffix('.json')}")
 
