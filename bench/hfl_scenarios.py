@@ -3,12 +3,14 @@
 Every scenario runs dense FedAvg (fp32 both ways) and Sluice with the same seeds; the table gives each
 one's mean final accuracy, the gap in points, the seeds' accuracies (so a collapsed seed shows) and the
 reduction of total bytes (up + down, ``len()`` of every encoded message) against dense FedAvg. On the
-scenarios marked ``peers`` the published methods of :mod:`sluice.hfl.peers` run beside them, on the same
-engine, sampling, data and local training, and a plot shows accuracy against cumulative megabytes.
+scenarios marked ``peers`` (every scenario with ``--peers``) the published methods of
+:mod:`sluice.hfl.peers` run beside them, on the same engine, sampling, data and local training, and a plot
+shows accuracy against cumulative megabytes.
 
     .venv/bin/python bench/hfl_scenarios.py                  # full: every scenario, 3 seeds, 150 rounds
     .venv/bin/python bench/hfl_scenarios.py --quick          # 1 seed, 30 rounds, two scenarios (smoke)
     .venv/bin/python bench/hfl_scenarios.py --only synthetic-1-1 --jobs 2
+    .venv/bin/python bench/hfl_scenarios.py --peers --only 'digits momentum 0.9'   # the peers there too
 
 Runs are independent processes (``--jobs``, default: every core); results go to
 ``bench/results/hfl_scenarios.{md,json,png}``.
@@ -154,7 +156,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=150)
     ap.add_argument("--quick", action="store_true", help="1 seed, 30 rounds, two scenarios")
     ap.add_argument("--only", action="append", help="run only this scenario (repeatable)")
-    ap.add_argument("--no-peers", action="store_true", help="leave the published methods out")
+    peers = ap.add_mutually_exclusive_group()
+    peers.add_argument("--no-peers", action="store_true", help="leave the published methods out")
+    peers.add_argument("--peers", action="store_true",
+                       help="run the published methods on every scenario, not only on those marked peers")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=KEY=VALUE;KEY=VALUE",
                     help="also run Sluice with these overrides on every scenario (repeatable)")
@@ -169,10 +174,12 @@ def main() -> None:
         if unknown:
             raise SystemExit(f"unknown scenario(s) {unknown}; choose from {sorted(SCENARIOS)}")
         scenarios = {k: SCENARIOS[k] for k in args.only}
+    with_peers = {scen: (bool(spec.get("peers")) or args.peers) and not args.no_peers
+                  for scen, spec in scenarios.items()}
     jobs = []
     for scen, spec in scenarios.items():
         variants = {name: (over.split(";"), None) for name, over in (v.split("=", 1) for v in args.variant)}
-        for name, (over, peer) in {**methods(spec.get("peers", False) and not args.no_peers), **variants}.items():
+        for name, (over, peer) in {**methods(with_peers[scen]), **variants}.items():
             for seed in range(args.seeds):
                 jobs.append((scen, name, [*spec["over"], *over], peer, seed, args.rounds))
     print(f"{len(jobs)} runs on {args.jobs} processes", flush=True)
@@ -197,8 +204,7 @@ def main() -> None:
             m["gap_last10_points"] = 100 * (m["last10_mean"] - base["last10_mean"])
             m["reduction_x"] = base["mb_total"] / m["mb_total"]
             m["accuracy_per_mb"] = m["accuracy_mean"] / m["mb_total"]
-        results["scenarios"][scen] = {"methods": by_method,
-                                      "peers": bool(scenarios[scen].get("peers")) and not args.no_peers}
+        results["scenarios"][scen] = {"methods": by_method, "peers": with_peers[scen]}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(results, indent=1))
