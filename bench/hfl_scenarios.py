@@ -59,6 +59,8 @@ SCENARIOS: dict[str, dict] = {
     "mnist-shards momentum 0.9": {"over": ["data.dataset=\"mnist\"", "data.partition=\"shards\"",
                                            "compression.momentum=0.9"]},
     "synthetic-1-1 momentum 0.9": {"over": [*synthetic(1, 1), "compression.momentum=0.9"]},
+    "synthetic-1-1 q 0.1": {"over": [*synthetic(1, 1), "train.participation=0.1"]},
+    "synthetic-1-1 100 clients q 0.1": {"over": [*synthetic(1, 1), "data.num_clients=100", "train.participation=0.1"]},
     "digits model x10 (512-448)": {"over": ["model.hidden=[512, 448]"]},
 }
 PEER_BUDGETS = {"FetchSGD": ["compression.sketch_cols_ratio=0.02"]}
