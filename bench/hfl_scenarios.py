@@ -178,9 +178,9 @@ def main() -> None:
         scenarios = {k: SCENARIOS[k] for k in args.only}
     with_peers = {scen: (bool(spec.get("peers")) or args.peers) and not args.no_peers
                   for scen, spec in scenarios.items()}
+    variants = {name: (over.split(";"), None) for name, over in (v.split("=", 1) for v in args.variant)}
     jobs = []
     for scen, spec in scenarios.items():
-        variants = {name: (over.split(";"), None) for name, over in (v.split("=", 1) for v in args.variant)}
         for name, (over, peer) in {**methods(with_peers[scen]), **variants}.items():
             for seed in range(args.seeds):
                 jobs.append((scen, name, [*spec["over"], *over], peer, seed, args.rounds))
