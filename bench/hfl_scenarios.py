@@ -32,10 +32,10 @@ from pathlib import Path
 DENSE = ["compression.up=\"dense\"", "compression.down=\"dense\"", "compression.downlink=\"dense\""]
 PREVIOUS_NAME = "Sluice, earlier default (top-k int8)"
 PREVIOUS = ['compression.up="topk"', "compression.down_ratio=0.005", 'compression.down_values="int8"',
-            "compression.down_adapt=0"]
+            "compression.down_adapt=0", "compression.momentum_replay=0"]
 """Sluice's earlier default: top-k uploads of int8 values with a client residual and a fixed top-k of 0.5 %
 of the coordinates per round at the server, as int8 steps of a fixed gain (under today's server step,
-whose momentum is the sparse heavy ball)."""
+whose momentum is the sparse heavy ball, with no replay on the output layer)."""
 
 
 def synthetic(alpha: float, beta: float) -> list[str]:

@@ -1,7 +1,8 @@
 """Sluice on Flower's deployment engine: real SuperLink and SuperNode processes on 127.0.0.1 with TLS.
 
 One 3-node deployment serves the run compared with the simulator (same numbers, round by round) and the
-fault run (a node killed mid-run is dropped, its restarted node is resynchronised with a dense message);
+fault run (a node killed mid-run is dropped, its restarted node is resynchronised with a dense message), both
+with server momentum replayed by the nodes;
 ``sluice run --runtime flower`` itself runs a job whose termination criterion fires at the first round and
 must leave no Flower process behind. Every process started here is stopped in a finalizer.
 """
@@ -74,7 +75,8 @@ def test_three_tls_nodes_give_the_simulators_numbers(deployment: LocalDeployment
     from sluice.hfl import HFLEngine
 
     assert deployment.certs is not None and deployment.certs.ca.exists()  # TLS: the nodes verify the link
-    job = load_job("hfl", None, [*TINY, "train.rounds=3"])
+    # with server momentum, which the nodes replay on the output layer from the velocity in their context
+    job = load_job("hfl", None, [*TINY, "train.rounds=3", "compression.momentum=0.9"])
     out = tmp_path / "run"
     _submit(deployment, job, out, **{"round-timeout": 120.0})
     report = _wait_report(out, 200)
@@ -102,7 +104,7 @@ def test_three_tls_nodes_give_the_simulators_numbers(deployment: LocalDeployment
 
 def test_killed_node_is_dropped_and_its_restarted_node_resynchronised(deployment: LocalDeployment,
                                                                       tmp_path: Path) -> None:
-    job = load_job("hfl", None, [*TINY, "train.rounds=3"])
+    job = load_job("hfl", None, [*TINY, "train.rounds=3", "compression.momentum=0.9"])
     out = tmp_path / "faults"
     _submit(deployment, job, out, **{"round-timeout": 25.0})
     _wait_rows(out, 1, 150)
@@ -117,7 +119,7 @@ def test_killed_node_is_dropped_and_its_restarted_node_resynchronised(deployment
     assert r2["dropped"] == 1 and r2["participants"] == 2  # the killed node's terminal, and the run went on
     assert r3["resynced"] == 1 and r3["participants"] == 3 and r3["dropped"] == 0
     d = job.config.model.hidden[0] * 65 + 10 * 33  # 64 features → 32 → 10 classes
-    assert r3["bytes_down"] >= 4 * d > r1["bytes_down"]  # the dense resync message is counted
+    assert r3["bytes_down"] >= 4 * d > r1["bytes_down"]  # the dense resync message (and velocity) is counted
 
 
 def _flower_processes_of(home: Path) -> list[psutil.Process]:

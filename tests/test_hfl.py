@@ -119,7 +119,7 @@ def test_server_steps_take_the_downlink_value_type(down: str, down_values: str, 
     g = np.random.default_rng(3).normal(size=d).astype(np.float32)
     server.receive(0, encode(DensePayload(g)), weight=1.0)
     server.close_round()
-    (_, step), = server.downlink.log
+    (_, step, _), = server.downlink.log
     idx = step.indices
     signs = expected == "sign"
     assert step.values.dtype == (np.int8 if signs else expected) and len(idx) == (d if down == "dense" else 4)
@@ -180,7 +180,7 @@ def test_downlink_log_is_pruned_once_every_client_synced() -> None:
     down.message(1, state.params)
     state, idx, step = server_step(state, rng.normal(size=d), ratio=0.01, values="fp16")
     down.record(step)
-    assert [r for r, _ in down.log] == [6]
+    assert [r for r, *_ in down.log] == [6]
 
 
 def test_per_client_message_grows_with_staleness() -> None:

@@ -17,13 +17,14 @@ from sluice.hfl import Client, HFLEngine, Server
 from sluice.hfl.client import build_model
 from sluice.hfl.config import HFLConfig
 from sluice.hfl.state import pack, unpack
-from sluice.models import get_flat
+from sluice.models import get_flat, output_layer
 
 BASE = ["data.num_clients=6", "model.hidden=[16]", "train.local_epochs=1"]
 CONFIGS = {
     "per-client randk": [],
     "anchor topk zstd momentum": ["compression.downlink=anchor", "compression.anchor_every=3",
                                   "compression.up=topk", "compression.lossless=zstd", "compression.momentum=0.9"],
+    "per-client momentum replayed": ["compression.momentum=0.9"],
     "initial sketch": ["compression.downlink=initial", "compression.up=sketch"],
 }
 
@@ -34,8 +35,8 @@ class Runtime:
     def __init__(self, cfg: HFLConfig) -> None:
         self.cfg = cfg
         self.data = load_federated(cfg.data, seed=cfg.seed)
-        theta0 = get_flat(build_model(cfg, self.data.num_features, self.data.num_classes))
-        self.server = Server(cfg, theta0, len(self.data.clients))
+        model = build_model(cfg, self.data.num_features, self.data.num_classes)
+        self.server = Server(cfg, get_flat(model), len(self.data.clients), output_layer=output_layer(model))
         self.clients = [Client(cfg, c, self.data.num_features, self.data.num_classes)
                         for c in range(len(self.data.clients))]
 

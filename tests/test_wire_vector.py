@@ -354,12 +354,14 @@ def test_well_signed_but_inconsistent_messages_raise() -> None:
     buf = encode(p, index_coding="rice")
     with pytest.raises(WireError, match="trailing bytes after the last Rice code"):
         decode(_resign(buf[:-4] + b"\x00" + buf[-4:]))
-    # patch chain with flag bits set (all of a chain's flags are reserved)
-    buf = bytearray(encode(DensePayload(np.zeros(2, np.float32))))
-    buf[2] = KIND_CHAIN
-    buf[3] |= 0b111
-    with pytest.raises(WireError, match="reserved flag bits"):
-        decode(_resign(bytes(buf)))
+    # patch chain with reserved flag bits set: bits 3-7, the replay bits without compact parts, the start bit
+    # without the replay bit
+    for bits in (0b1000, 0b10, 0b101):
+        buf = bytearray(encode(DensePayload(np.zeros(2, np.float32))))
+        buf[2] = KIND_CHAIN
+        buf[3] = bits
+        with pytest.raises(WireError, match="reserved flag bits"):
+            decode(_resign(bytes(buf)))
     # reserved value coding 3 of a dense or sparse message, any coding of a sketch, int8 or signs with fp16
     for p, bits in ((DensePayload(np.zeros(2, np.float32)), (0b11, 0b101, 0b110)),
                     (SparsePayload(d=5, values=np.zeros(2, np.float32), seed=1), (0b11, 0b101, 0b110)),

@@ -47,8 +47,7 @@ from sluice.hfl.config import HFLConfig
 from sluice.hfl.engine import ServerModel
 from sluice.hfl.server import Server
 from sluice.metrics import CLASSIFICATION, MetricSpec, classification_metrics, declare
-from sluice.models import get_flat, set_flat
-from sluice.wire.vector import DensePayload, encode
+from sluice.models import get_flat, output_layer, set_flat
 
 
 def flower_object_bytes(msg: Any) -> int:
@@ -98,8 +97,8 @@ class FlowerEngine(ServerModel, Suspendable):
         self.n = len(self.data.clients)
         self.model = build_model(cfg, self.data.num_features, self.data.num_classes)
         self.theta0 = get_flat(self.model)
-        self.server = Server(cfg, self.theta0, self.n)
-        self._anchor_params = self.theta0.copy()
+        self.server = Server(cfg, self.theta0, self.n, output_layer=output_layer(self.model))
+        self._anchor = self.theta0.copy(), self.server.replayed_velocity()  # what a resync sends as the anchor
         self._rng = np.random.default_rng(cfg.seed)
         self._wait_for_nodes()
 
@@ -243,9 +242,9 @@ class FlowerEngine(ServerModel, Suspendable):
             pending = self._pending.pop(c, [])
             resync = c in self._resync
             if resync:
-                down = encode(DensePayload(values=server.params.astype(np.float32)))
-                pending = ([(server.downlink.anchor_round, encode(DensePayload(
-                    values=self._anchor_params.astype(np.float32))))] if anchor_mode else [])
+                down = server.resync_message()
+                pending = ([(server.downlink.anchor_round, server.downlink.full_message(*self._anchor))]
+                           if anchor_mode else [])
                 bytes_down += sum(len(b) for _, b in pending)
                 self._resync.discard(c)
                 resynced += 1
@@ -284,7 +283,7 @@ class FlowerEngine(ServerModel, Suspendable):
             losses.append(float(meta["train-loss"]))
         broadcast = server.close_round()
         if broadcast is not None:  # every terminal gets it with its next message
-            self._anchor_params = server.params.copy()
+            self._anchor = server.params.copy(), server.replayed_velocity()
             for c in range(self.n):
                 self._pending.setdefault(c, []).append((server.round, broadcast))
             bytes_down += self.n * len(broadcast)

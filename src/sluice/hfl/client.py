@@ -2,7 +2,8 @@
 
 A :class:`Client` holds one client's state: the model it holds (θ after its last downlink message; the
 initial model θ_0 before any), in the ``initial`` and ``anchor`` downlink modes the model that patches
-apply to (θ_0, or its copy of the last anchor), and its uplink compressor's state. Each round it is in,
+apply to (θ_0, or its copy of the last anchor), with replayed server momentum the velocity it replays on
+the output layer (and its anchor's), and its uplink compressor's state. Each round it is in,
 it rebuilds the server model from the downlink message, trains locally from it and uploads its
 compressed update Δ = θ_local − θ. Every seed it needs comes from (config seed ``s``, round ``t``, client
 id ``c``): the batch order from ``s·1000003 + t·1009 + c`` and the compressor's randomness from
@@ -18,7 +19,7 @@ from torch import nn
 from sluice.compress import make_uplink
 from sluice.errors import ConfigError, WireError
 from sluice.hfl.config import HFLConfig
-from sluice.hfl.downlink import apply_message
+from sluice.hfl.downlink import apply_downlink
 from sluice.hfl.state import field, pack, unpack
 from sluice.models import get_flat, mlp, set_flat
 
@@ -107,6 +108,8 @@ class Client:
         self.train_loss: float | None = None
         self._held: np.ndarray | None = None
         self._anchor: np.ndarray | None = None
+        self._velocity: np.ndarray | None = None
+        self._anchor_velocity: np.ndarray | None = None
 
     @property
     def params(self) -> np.ndarray:
@@ -127,8 +130,10 @@ class Client:
 
     def sync(self, server_message: bytes) -> np.ndarray:
         """Apply a downlink message: the client now holds the server model; returns it."""
-        patches_anchor = self.cfg.compression.downlink in ("initial", "anchor")
-        self._held = apply_message(self.anchor if patches_anchor else self.params, server_message)
+        if self.cfg.compression.downlink in ("initial", "anchor"):
+            self._held, self._velocity = apply_downlink(self.anchor, self._anchor_velocity, server_message)
+        else:
+            self._held, self._velocity = apply_downlink(self.params, self._velocity, server_message)
         return self._held
 
     def receive_anchor(self, broadcast: bytes) -> None:
@@ -136,7 +141,7 @@ class Client:
         if self.cfg.compression.downlink != "anchor":
             raise WireError(f"an anchor broadcast arrived but the downlink mode is "
                             f"{self.cfg.compression.downlink!r}")
-        self._anchor = apply_message(self.anchor, broadcast)
+        self._anchor, self._anchor_velocity = apply_downlink(self.anchor, self._anchor_velocity, broadcast)
 
     def train(self, server_message: bytes, X: np.ndarray, y: np.ndarray, round: int) -> bytes:
         """Sync to the server model, train on (X, y) and return the encoded upload of round ``round``."""
@@ -157,9 +162,11 @@ class Client:
 
     # -- state as bytes -----------------------------------------------------------------------
     def state_bytes(self) -> bytes:
-        """The client's state (held model, anchor copy, compressor state, trainable layers) as bytes."""
+        """The client's state (held model, anchor copy, replayed velocity, compressor state, trainable layers)
+        as bytes."""
         return pack({"kind": "client", "client_id": self.client_id, "num_features": self.num_features,
                      "num_classes": self.num_classes, "held": self._held, "anchor": self._anchor,
+                     "velocity": self._velocity, "anchor_velocity": self._anchor_velocity,
                      "uplink": self.uplink_state, "trainable_layers": self.trainable_layers,
                      "train_loss": self.train_loss})
 
@@ -167,14 +174,18 @@ class Client:
     def from_state_bytes(cls, cfg: HFLConfig, buf: bytes, *, model: nn.Module | None = None,
                          theta0: np.ndarray | None = None) -> Client:
         """The client :meth:`state_bytes` saved, under configuration ``cfg``."""
+        tree = unpack(buf)
         cid, nf, nc, held, anchor, uplink, layers, loss = field(
-            unpack(buf), "client", "client_id", "num_features", "num_classes", "held", "anchor", "uplink",
+            tree, "client", "client_id", "num_features", "num_classes", "held", "anchor", "uplink",
             "trainable_layers", "train_loss")
         out = cls(cfg, cid, nf, nc, model=model, theta0=theta0)
         for name, arr in (("held", held), ("anchor", anchor)):
             if arr is not None and arr.shape != out.theta0.shape:
                 raise WireError(f"client state: {name} model has shape {arr.shape}, expected {out.theta0.shape}")
         out._held, out._anchor, out.uplink_state = held, anchor, uplink
+        out._velocity, out._anchor_velocity = (  # states saved before replayed momentum have none
+            None if (v := tree.get(key)) is None else np.asarray(v, dtype=np.float32)
+            for key in ("velocity", "anchor_velocity"))
         out.set_trainable_layers(layers)
         out.train_loss = loss
         return out

@@ -67,8 +67,20 @@ class CompressionConfig(Section):
                               "share of the n heard coordinates of the last step where the new aggregate has the "
                               "step's sign, is more than 1/(2*sqrt(n)) from 1/2; 0: gain 1")
     momentum: float = Field(0.0, ge=0, lt=1, description="server momentum rho")
+    momentum_replay: float = Field(0.4, ge=0, le=10, description="with momentum and a top-k server step: share of "
+                                   "the output layer's coordinates whose innovation the server sends in a round "
+                                   "that aggregates an upload from every client (M uploads of N clients: "
+                                   "momentum_replay*M/N, at most 1), the clients replaying the momentum on the "
+                                   "whole output layer; 0: the output layer takes the sparse heavy ball as the "
+                                   "rest of the model")
     downlink: Literal["dense", "initial", "per-client", "anchor"] = "per-client"
     anchor_every: int = Field(10, ge=1)
+
+    def replay_share(self, uploads: int, clients: int) -> float:
+        """Share of the output layer's coordinates in a round's innovation of replayed momentum, in a round
+        that aggregated ``uploads`` uploads of ``clients`` clients: ``momentum_replay·uploads/clients``, at most 1
+        (the innovation reaches every client, as the step does: see :meth:`down_share`)."""
+        return min(1.0, self.momentum_replay * max(1, uploads) / max(1, clients))
 
     def down_share(self, uploads: int, clients: int) -> float:
         """k/d of the server's top-k in a round that aggregated ``uploads`` uploads of ``clients`` clients (at

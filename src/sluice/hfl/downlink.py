@@ -14,6 +14,13 @@ last synced. A client that synced at round r holds θ_r exactly, and the message
 
 Either way the client holds θ_t bit for bit.
 
+With server momentum replayed on the output layer (:func:`sluice.hfl.server.replay_step`) every round moves
+that whole block, and the client must also hold the velocity. The log keeps each round's innovation beside
+its step, and the message (:class:`sluice.wire.vector.ReplayChain`) brings the coordinates before the block
+by the smallest of the three above and the block by the smaller of its innovations of rounds r+1..t, which
+the client replays from the block and velocity it holds (in the ``initial`` and ``anchor`` modes: of θ_0 with
+no velocity, or of its anchor), and its values with the velocity.
+
 Modes (``compression.downlink``):
 
 * ``dense``: the whole model, every time.
@@ -31,7 +38,17 @@ import numpy as np
 
 from sluice.errors import ConfigError, WireError
 from sluice.hfl.state import field
-from sluice.wire.vector import DensePayload, PatchChain, SparsePayload, decode, encode, float_values
+from sluice.wire.vector import (
+    DensePayload,
+    PatchChain,
+    Payload,
+    ReplayChain,
+    SparsePayload,
+    decode,
+    encode,
+    float_values,
+    replay_block,
+)
 
 MODES = ("dense", "initial", "per-client", "anchor")
 
@@ -39,10 +56,12 @@ MODES = ("dense", "initial", "per-client", "anchor")
 class Downlink:
     """Builds the encoded downlink message for a client and tracks who holds what."""
 
-    def __init__(self, d: int, mode: str, anchor_every: int = 10, num_clients: int = 0) -> None:
+    def __init__(self, d: int, mode: str, anchor_every: int = 10, num_clients: int = 0,
+                 replay: tuple[int, float] | None = None) -> None:
         if mode not in MODES:
             raise ConfigError(f"compression.downlink must be one of {', '.join(MODES)}, got {mode!r}")
         self.d = d
+        self.replay = replay
         self.mode = mode
         self.anchor_every = anchor_every
         self.num_clients = num_clients
@@ -50,16 +69,17 @@ class Downlink:
         self.round = 0
         self.anchor_round = 0
         self.synced: dict[int, int] = {}
-        self.log: list[tuple[int, SparsePayload]] = []
+        self.log: list[tuple[int, SparsePayload, SparsePayload | None]] = []
 
-    def record(self, step: SparsePayload | None) -> None:
-        """Note that the server finished a round adding ``step`` (a sparse patch; None: nothing changed)."""
+    def record(self, step: SparsePayload | None, innovation: SparsePayload | None = None) -> None:
+        """Note that the server finished a round adding ``step`` (a sparse patch; None: nothing changed) and,
+        with replay, replaying ``innovation``."""
         self.round += 1
         if step is None:
             return
         self.stamp[step.indices] = self.round
         if self.mode in ("per-client", "anchor"):
-            self.log.append((self.round, step))
+            self.log.append((self.round, step, innovation))
             self._prune()
 
     def _prune(self) -> None:
@@ -71,12 +91,13 @@ class Downlink:
         while self.log and self.log[0][0] <= floor:
             self.log.pop(0)
 
-    def anchor_broadcast(self, params: np.ndarray) -> bytes | None:
-        """In anchor mode, every A rounds: make ``params`` the anchor and return the message every client
-        receives (a patch against the previous anchor, or dense if smaller); otherwise None."""
+    def anchor_broadcast(self, params: np.ndarray, velocity: np.ndarray | None = None) -> bytes | None:
+        """In anchor mode, every A rounds: make ``params`` (and, with replay, ``velocity``) the anchor and return
+        the message every client receives (a patch against the previous anchor, or dense if smaller); otherwise
+        None."""
         if self.mode != "anchor" or self.round % self.anchor_every or self.round == self.anchor_round:
             return None
-        msg = self._encode(params, self.anchor_round)
+        msg = self._message(params, velocity, self.anchor_round)
         self.anchor_round = self.round
         self._prune()
         return msg
@@ -91,11 +112,22 @@ class Downlink:
             return self.anchor_round
         return None
 
-    def message(self, client: int, params: np.ndarray) -> bytes:
-        """The encoded message that brings ``client`` to ``params`` (the current server model)."""
+    def message(self, client: int, params: np.ndarray, velocity: np.ndarray | None = None) -> bytes:
+        """The encoded message that brings ``client`` to ``params`` (the current server model) and, with
+        replay, to the server's ``velocity``."""
         base = self._base_round(client)
         if self.mode == "per-client":
             self.synced[client] = self.round
+        return self._message(params, velocity, base)
+
+    def full_message(self, params: np.ndarray, velocity: np.ndarray | None = None) -> bytes:
+        """The message that brings any client to ``params`` (and ``velocity``): the dense model, which a
+        runtime sends a client whose model it cannot know."""
+        return self._message(params, velocity, None)
+
+    def _message(self, params: np.ndarray, velocity: np.ndarray | None, base: int | None) -> bytes:
+        if self.replay is not None:
+            return self._encode_replay(params, velocity, base)
         return self._encode(params, base)
 
     def to_tree(self) -> dict:
@@ -103,7 +135,9 @@ class Downlink:
         return {"kind": "downlink", "d": self.d, "mode": self.mode, "anchor_every": self.anchor_every,
                 "num_clients": self.num_clients, "stamp": self.stamp, "round": self.round,
                 "anchor_round": self.anchor_round, "synced": [[c, r] for c, r in self.synced.items()],
-                "log": [[r, p.indices, p.values, p.vscale] for r, p in self.log]}
+                "replay": None if self.replay is None else list(self.replay),
+                "log": [[r, p.indices, p.values, p.vscale] + ([] if c is None else [c.indices, c.values, c.vscale])
+                        for r, p, c in self.log]}
 
     @classmethod
     def from_tree(cls, tree: dict) -> Downlink:
@@ -111,31 +145,80 @@ class Downlink:
         d, mode, every, n, stamp, rnd, anchor, synced, log = field(
             tree, "downlink", "d", "mode", "anchor_every", "num_clients", "stamp", "round", "anchor_round",
             "synced", "log")
-        out = cls(d, mode, every, num_clients=n)
+        replay = tree.get("replay")
+        out = cls(d, mode, every, num_clients=n,
+                  replay=None if replay is None else (int(replay[0]), float(replay[1])))
         if stamp.shape != (d,):
             raise WireError(f"downlink state: stamp has shape {stamp.shape}, expected ({d},)")
         out.stamp = stamp.astype(np.int32)
         out.round, out.anchor_round = int(rnd), int(anchor)
         out.synced = {int(c): int(r) for c, r in synced}
-        out.log = [(int(r), SparsePayload(d=d, values=v, indices=i, vscale=s)) for r, i, v, s in log]
+        block = None if out.replay is None else d - out.replay[0]
+        out.log = [(int(r), SparsePayload(d=d, values=e[1], indices=e[0], vscale=e[2]),
+                    SparsePayload(d=block, values=e[4], indices=e[3], vscale=e[5]) if len(e) > 3 else None)
+                   for r, *e in log]
         return out
 
-    def _encode(self, params: np.ndarray, base: int | None) -> bytes:
-        """The changes since round ``base`` as a sparse patch, or the dense model when that is smaller."""
-        dense = encode(DensePayload(values=params.astype(np.float32)))
+    def _options(self, params: np.ndarray, base: int | None, n: int) -> list[Payload]:
+        """The payloads that bring coordinates ``[0, n)`` from round ``base`` to ``params[:n]``: the dense vector,
+        and with a base round the replacement patch and, when the log covers rounds base+1 .. now, the
+        patch chain."""
+        dense = DensePayload(values=params[:n].astype(np.float32))
         if base is None:
-            return dense
-        idx = np.flatnonzero(self.stamp > base)
-        options = [dense, encode(SparsePayload(d=self.d, values=params[idx].astype(np.float32), indices=idx))]
-        if self.log and self.log[0][0] <= base + 1:  # the log covers rounds base+1 .. now
-            parts = [p for r, p in self.log if r > base]
-            options.append(encode(PatchChain(tuple(parts))))
-        return min(options, key=len)
+            return [dense]
+        idx = np.flatnonzero(self.stamp[:n] > base)
+        options: list[Payload] = [dense, SparsePayload(d=n, values=params[idx].astype(np.float32), indices=idx)]
+        if self._covers(base):
+            options.append(PatchChain(tuple(
+                p if p.d == n else SparsePayload(d=n, values=p.values, indices=p.indices, vscale=p.vscale)
+                for r, p, _ in self.log if r > base)))
+        return options
+
+    def _covers(self, base: int) -> bool:
+        """Whether the log holds every step since round ``base``."""
+        return self.round == base or bool(self.log) and self.log[0][0] <= base + 1
+
+    def _encode(self, params: np.ndarray, base: int | None) -> bytes:
+        """The changes since round ``base`` as the smallest of :meth:`_options`."""
+        return min((encode(p) for p in self._options(params, base, self.d)), key=len)
+
+    def _encode_replay(self, params: np.ndarray, velocity: np.ndarray | None, base: int | None) -> bytes:
+        """With replay: the smallest of :meth:`_options` for the coordinates before the block, and for the
+        block the innovations since ``base``, or its values and the velocity when that is smaller or the log
+        does not cover them (``base`` None)."""
+        assert self.replay is not None and velocity is not None
+        lo, rho = self.replay
+        rest = min(self._options(params, base, lo), key=lambda p: len(encode(p)))
+        options = [ReplayChain(self.d, lo, rho, rest, base=(params[lo:], velocity))]
+        if base is not None and self._covers(base):
+            options.append(ReplayChain(self.d, lo, rho, rest, tuple(c for r, _, c in self.log if r > base)))
+        return min((encode(p) for p in options), key=len)
+
+
+def apply_downlink(model: np.ndarray, velocity: np.ndarray | None, buf: bytes) -> tuple[np.ndarray, np.ndarray | None]:
+    """Client side: the (model, replayed velocity) after a downlink message, from the model it held (θ_0 at
+    first) and its velocity (None before any replay: zero). Messages without replay leave the velocity."""
+    payload = decode(buf)
+    if not isinstance(payload, ReplayChain):
+        return _apply(model, payload), velocity
+    lo = payload.lo
+    if model.shape != (payload.d,):
+        raise WireError(f"a replay chain over {payload.d} coordinates cannot apply to a model of {model.shape[0]}")
+    out = np.empty(payload.d, dtype=np.float32)
+    out[:lo] = _apply(model[:lo], payload.rest)
+    held = velocity if velocity is not None else np.zeros(payload.d - lo, dtype=np.float32)
+    out[lo:], v = replay_block(*(payload.base or (model[lo:], held)), payload.innovations, payload.rho)
+    return out, v
 
 
 def apply_message(model: np.ndarray | None, buf: bytes) -> np.ndarray:
     """Client side: the model after applying a downlink message to what it held (θ_0 at first)."""
-    payload = decode(buf)
+    return _apply(model, decode(buf))
+
+
+def _apply(model: np.ndarray | None, payload: Payload) -> np.ndarray:
+    if isinstance(payload, ReplayChain):
+        raise WireError("a replay chain needs the velocity the client keeps (apply_downlink)")
     if isinstance(payload, DensePayload):
         return float_values(payload).copy()
     if isinstance(payload, PatchChain):

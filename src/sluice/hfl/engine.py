@@ -34,7 +34,7 @@ from sluice.hfl.config import HFLConfig
 from sluice.hfl.server import Server
 from sluice.hfl.state import field, pack, unpack
 from sluice.metrics import CLASSIFICATION, MetricSpec, declare
-from sluice.models import get_flat, num_params, set_flat
+from sluice.models import get_flat, num_params, output_layer, set_flat
 
 
 class ServerModel:
@@ -114,7 +114,7 @@ class HFLEngine(ServerModel, Suspendable):
         data = self.data
         self.model = build_model(cfg, data.num_features, data.num_classes)  # scratch for training and tests
         self.theta0 = get_flat(self.model)
-        self.server = self.server_cls(cfg, self.theta0, len(data.clients))
+        self.server = self.server_cls(cfg, self.theta0, len(data.clients), output_layer=output_layer(self.model))
         self.clients = [self.client_cls(cfg, c, data.num_features, data.num_classes, model=self.model,
                                         theta0=self.theta0) for c in range(len(data.clients))]
         for client in self.clients:

@@ -407,7 +407,9 @@ class _PeerServer(UploadInbox):
 
     STATE_KIND: ClassVar[str] = "peer-server"
 
-    def __init__(self, cfg: HFLConfig, params: np.ndarray, num_clients: int) -> None:
+    def __init__(self, cfg: HFLConfig, params: np.ndarray, num_clients: int, *, output_layer: int = 0) -> None:
+        """``output_layer`` is taken as Sluice's :class:`Server` takes it and not used: peers treat every layer
+        alike."""
         self.cfg = cfg
         self.num_clients = int(num_clients)
         self._params = np.asarray(params, dtype=np.float32).copy()
@@ -540,8 +542,8 @@ class STCServer(_PeerServer):
     STATE_KIND = "stc-server"
     hparams: ClassVar[STCParams] = STCParams()
 
-    def __init__(self, cfg: HFLConfig, params: np.ndarray, num_clients: int) -> None:
-        super().__init__(cfg, params, num_clients)
+    def __init__(self, cfg: HFLConfig, params: np.ndarray, num_clients: int, *, output_layer: int = 0) -> None:
+        super().__init__(cfg, params, num_clients, output_layer=output_layer)
         self.k = _count(_down_share(cfg, num_clients), self.d)
         self.residual = np.zeros(self.d, dtype=np.float64)
         self.cache = _UpdateCache(self.d, _TAG_TERNARY, self.hparams.cache_rounds)
@@ -646,8 +648,8 @@ class FetchSGDServer(_PeerServer):
     STATE_KIND = "fetchsgd-server"
     hparams: ClassVar[FetchSGDParams] = FetchSGDParams()
 
-    def __init__(self, cfg: HFLConfig, params: np.ndarray, num_clients: int) -> None:
-        super().__init__(cfg, params, num_clients)
+    def __init__(self, cfg: HFLConfig, params: np.ndarray, num_clients: int, *, output_layer: int = 0) -> None:
+        super().__init__(cfg, params, num_clients, output_layer=output_layer)
         self.rows, self.cols = _sketch_shape(cfg, self.d)
         self.seed = _sketch_seed(cfg)
         self.k = _count(_down_share(cfg, num_clients), self.d)
@@ -784,8 +786,8 @@ class QSGDServer(_PeerServer):
     STATE_KIND = "qsgd-server"
     hparams: ClassVar[QSGDParams] = QSGDParams()
 
-    def __init__(self, cfg: HFLConfig, params: np.ndarray, num_clients: int) -> None:
-        super().__init__(cfg, params, num_clients)
+    def __init__(self, cfg: HFLConfig, params: np.ndarray, num_clients: int, *, output_layer: int = 0) -> None:
+        super().__init__(cfg, params, num_clients, output_layer=output_layer)
         if not 1 <= self.hparams.levels <= 127 or self.hparams.bucket < 1:
             raise TrainingError(f"QSGD needs 1 <= s <= 127 and B >= 1, got {self.hparams}")
         self.cache = _UpdateCache(self.d, _TAG_QSGD, self.hparams.cache_rounds)

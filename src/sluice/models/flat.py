@@ -16,6 +16,18 @@ def num_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def output_layer(model: nn.Module) -> int:
+    """The number of parameters of the last ``nn.Linear`` (weights and bias), which are the last coordinates of
+    θ; 0 when the model has no linear layer or its parameters do not come last."""
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    if not linears:
+        return 0
+    last, params = list(linears[-1].parameters()), list(model.parameters())
+    if [id(p) for p in params[len(params) - len(last):]] != [id(p) for p in last]:
+        return 0  # not the last coordinates of θ
+    return sum(p.numel() for p in last)
+
+
 def get_flat(model: nn.Module) -> np.ndarray:
     """Return a float32 copy of all parameters concatenated in ``parameters()`` order, shape ``(d,)``."""
     params = [p.detach().reshape(-1).to(device="cpu", dtype=torch.float32) for p in model.parameters()]

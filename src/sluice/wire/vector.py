@@ -8,7 +8,9 @@ Four payload kinds travel:
   (the estimate is ``s * values`` scattered at the indices);
 * :class:`SketchPayload` -- a ``rows x cols`` count-sketch table of a ``d``-vector plus its hash seed;
 * :class:`PatchChain` -- an ordered list of sparse patches the receiver *adds* one after another (the
-  downlink's per-round server updates).
+  downlink's per-round server updates);
+* :class:`ReplayChain` -- the same with server momentum replayed by the receiver on one block of
+  coordinates (a patch chain with flag bit 1 set, below).
 
 Message layout (all integers little-endian)::
 
@@ -30,12 +32,19 @@ Message layout (all integers little-endian)::
                   then the index block (sparse)
     -4      4     CRC-32 of every byte before it                     (frame trailer)
 
-A patch chain is: magic, version, kind 4, flags (bit 0 "compact", the others reserved and zero), varint
+A patch chain is: magic, version, kind 4, flags (bit 0 "compact", bits 1 and 2 for replay chains below, the
+others reserved and zero), varint
 ``n``, then ``n`` times (varint length, one part), then the CRC-32 trailer. A part is one complete framed
 sparse message when bit 0 is clear. With bit 0 set (what :func:`encode` writes) a varint ``d`` follows
 ``n``, shared by every part, and a part is a sparse message without its frame header, its ``d`` and its
 CRC (flags, varint k, then as above): 10 bytes less per part for d ≥ 16,384, the chain's own CRC-32
 covering every byte.
+
+A replay chain sets flag bit 1 (with bit 0): after ``n`` and ``d`` come varint ``lo``, float32 ``rho``, with flag
+bit 2 a starting block and velocity (twice ``d − lo`` fp32 values), then varint length and one complete
+message (dense, sparse or patch chain) over the first ``lo`` coordinates, then the ``n`` parts: compact sparse
+parts over the ``d − lo`` coordinates of the block ``[lo, d)``, the rounds' innovations, which the receiver
+replays: ``v ← float32(rho)·v; v[c.indices] += c; x[lo:] += v``, in float32 (:class:`ReplayChain`).
 
 A rand-k message of ``k`` fp16 values therefore costs ``4 + len(varint d) + len(varint k) + 8 + 2k + 4``
 bytes: 2k + 21 for d=26,000, k=520. Against format version 1 (magic, version, flags, ..., CRC-32) every
@@ -116,6 +125,8 @@ _QUANT_SIGN = 2
 _MAX_RICE = 32
 _FIXED = HEADER + 1  # frame header and flags
 _CHAIN_COMPACT = 0x01  # patch chain flag: parts without their own frame, d and CRC
+_CHAIN_REPLAY = 0x02  # patch chain flag: a replay chain (lo, rho and the rest follow d; parts are innovations)
+_CHAIN_BASE = 0x04  # replay chain flag: a starting block and velocity follow rho
 
 IndexCoding = Literal["auto", "rice", "bitmap", "raw"]
 
@@ -328,7 +339,79 @@ class PatchChain:
     __hash__ = None  # type: ignore[assignment]
 
 
-Payload = DensePayload | SparsePayload | SketchPayload | PatchChain
+@dataclass(frozen=True, eq=False)
+class ReplayChain:
+    """A model message whose last coordinates, the block ``[lo, d)``, carry replayed momentum.
+
+    ``rest`` brings coordinates ``[0, lo)`` (a dense vector, a replacement patch or a patch chain over ``lo``
+    coordinates, as the downlink's messages without replay); the block is brought by its ``innovations``
+    (sparse payloads over ``d − lo`` coordinates, one a round, which the receiver replays with momentum
+    ``rho``, a float32 value: :func:`replay_block`) from the block and velocity it holds, or from ``base`` =
+    (block, velocity), two fp32 vectors of ``d − lo`` values, when given.
+    """
+
+    d: int
+    lo: int
+    rho: float
+    rest: DensePayload | SparsePayload | PatchChain
+    innovations: tuple[SparsePayload, ...] = ()
+    base: tuple[np.ndarray, np.ndarray] | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.lo < self.d <= MAX_D:
+            raise WireError(f"a replay chain needs 0 <= lo < d <= {MAX_D}, got lo={self.lo}, d={self.d}")
+        rho = float(np.float32(self.rho))
+        if not 0 <= rho < 1:
+            raise WireError(f"a replay chain's momentum must be in [0, 1), got {self.rho!r}")
+        object.__setattr__(self, "rho", rho)
+        rest = self.rest
+        rest_d = getattr(rest, "d", None)
+        if isinstance(rest, PatchChain):
+            rest_d = rest.parts[0].d if rest.parts else self.lo
+        if not isinstance(rest, DensePayload | SparsePayload | PatchChain) or rest_d != self.lo:
+            raise WireError(f"a replay chain's rest is a dense, sparse or chain payload over lo={self.lo} coordinates")
+        if isinstance(rest, SparsePayload) and rest.indices is None:
+            raise WireError("a replay chain's rest needs explicit indices")
+        innovations = tuple(self.innovations)
+        if any(not isinstance(c, SparsePayload) or c.indices is None or c.d != self.d - self.lo for c in innovations):
+            raise WireError(f"a replay chain's innovations are sparse payloads over d - lo = {self.d - self.lo} "
+                            "coordinates with explicit indices")
+        object.__setattr__(self, "innovations", innovations)
+        if self.base is not None:
+            block, velocity = (np.ascontiguousarray(a, dtype=np.float32) for a in self.base)
+            if block.shape != (self.d - self.lo,) or velocity.shape != block.shape:
+                raise WireError(f"a replay chain's start is a block and a velocity of {self.d - self.lo} values, "
+                                f"got {block.shape} and {velocity.shape}")
+            object.__setattr__(self, "base", (block, velocity))
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, ReplayChain) and (self.d, self.lo, self.rho) == (other.d, other.lo, other.rho)
+                and self.rest == other.rest and len(self.innovations) == len(other.innovations)
+                and all(a == b for a, b in zip(self.innovations, other.innovations, strict=True))
+                and (self.base is None) == (other.base is None)
+                and (self.base is None or all(_same_array(a, b) for a, b in zip(self.base, other.base, strict=True))))
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def replay_block(block: np.ndarray, velocity: np.ndarray, innovations: tuple[SparsePayload, ...] | list[SparsePayload],
+                 rho: float) -> tuple[np.ndarray, np.ndarray]:
+    """The (block, velocity) after replaying ``innovations``, one a round, in float32: ``v ← float32(rho)·v``,
+    ``v[c.indices] += c``, ``block += v``. New arrays; the inputs are not changed. The server runs this same
+    function on its own innovations, so sender and receiver hold the same bits."""
+    x, v = (np.array(a, dtype=np.float32) for a in (block, velocity))
+    if x.shape != v.shape or any(c.d != x.shape[0] for c in innovations):
+        raise WireError(f"cannot replay innovations over {[c.d for c in innovations]} coordinates on a block of "
+                        f"{x.shape[0]} and a velocity of {v.shape[0]} values")
+    r = np.float32(rho)
+    for c in innovations:
+        v *= r
+        v[c.indices] += float_values(c)
+        x += v
+    return x, v
+
+
+Payload = DensePayload | SparsePayload | SketchPayload | PatchChain | ReplayChain
 """Any payload the wire format carries."""
 
 
@@ -480,6 +563,16 @@ def encode(
     """
     if index_coding != "auto" and index_coding not in _CODINGS:
         raise WireError(f"index_coding must be one of auto, rice, bitmap, raw; got {index_coding!r}")
+    if isinstance(payload, ReplayChain):
+        rest = encode(payload.rest, lossless=lossless, index_coding=index_coding)
+        parts = [_chain_part(encode(c, lossless=lossless, index_coding=index_coding), payload.d - payload.lo)
+                 for c in payload.innovations]
+        flags = _CHAIN_COMPACT | _CHAIN_REPLAY | (_CHAIN_BASE if payload.base is not None else 0)
+        head = varint(len(parts)) + varint(payload.d) + varint(payload.lo) + struct.pack("<f", payload.rho)
+        if payload.base is not None:
+            head += b"".join(a.astype("<f4").tobytes() for a in payload.base)
+        return frame(KIND_CHAIN, bytes([flags]), head, varint(len(rest)), rest,
+                     *(varint(len(part)) + part for part in parts))
     if isinstance(payload, PatchChain):
         d = payload.parts[0].d if payload.parts else 0
         parts = [_chain_part(encode(p, lossless=lossless, index_coding=index_coding), d) for p in payload.parts]
@@ -553,15 +646,39 @@ def _chain_part(message: bytes, d: int) -> bytes:
     return inner[:1] + inner[1 + len(varint(d)):]
 
 
-def _decode_chain(buf: bytes) -> PatchChain:
+def _decode_chain(buf: bytes) -> PatchChain | ReplayChain:
     n = len(buf)
     flags = buf[HEADER]
-    if flags & ~_CHAIN_COMPACT:
+    allowed = _CHAIN_COMPACT | (_CHAIN_REPLAY | _CHAIN_BASE if flags & _CHAIN_REPLAY else 0)
+    if flags & ~allowed or (flags & _CHAIN_REPLAY and not flags & _CHAIN_COMPACT):
         raise WireError(f"malformed header: reserved flag bits set (flags=0x{flags:02x})")
     check_crc(buf)
     count, pos = read_varint(buf, _FIXED, "n", reserve=TRAILER)
     if flags:
         d, pos = read_varint(buf, pos, "d", reserve=TRAILER)
+    rest = part_d = None
+    if flags & _CHAIN_REPLAY:
+        lo, pos = read_varint(buf, pos, "lo", reserve=TRAILER)
+        if not lo < d:
+            raise WireError(f"malformed header: replay chain block [{lo}, {d}) of d={d}")
+        part_d = d - lo
+        need = 4 + (8 * part_d if flags & _CHAIN_BASE else 0)
+        if pos + need > n - TRAILER:
+            raise _truncated(pos + need + TRAILER, n, at_least=True)
+        (rho,) = struct.unpack_from("<f", buf, pos)
+        pos += 4
+        base = None
+        if flags & _CHAIN_BASE:
+            base = tuple(np.frombuffer(buf, dtype="<f4", count=part_d, offset=pos + 4 * part_d * i).astype(np.float32)
+                         for i in range(2))
+            pos += 8 * part_d
+        size, pos = read_varint(buf, pos, "rest length", reserve=TRAILER)
+        if pos + size > n - TRAILER:
+            raise _truncated(pos + size + TRAILER, n, at_least=True)
+        rest = decode(buf[pos : pos + size])
+        if isinstance(rest, ReplayChain | SketchPayload):
+            raise WireError(f"a replay chain's rest must be a dense, sparse or chain payload, got {payload_kind(rest)}")
+        pos += size
     parts = []
     for _ in range(count):
         size, pos = read_varint(buf, pos, "part length", reserve=TRAILER)
@@ -571,7 +688,7 @@ def _decode_chain(buf: bytes) -> PatchChain:
         if flags:  # a compact part: the sparse message's flags, k, ... body; frame and d are the chain's
             if not part:
                 raise WireError("a compact patch chain part is empty")
-            part = frame(KIND_SPARSE, part[:1], varint(d), part[1:])
+            part = frame(KIND_SPARSE, part[:1], varint(d if part_d is None else part_d), part[1:])
         part_kind = check_header(part)
         if part_kind != KIND_SPARSE:
             name = kinds().get(part_kind, "unknown")
@@ -580,6 +697,8 @@ def _decode_chain(buf: bytes) -> PatchChain:
         pos += size
     if pos != n - TRAILER:
         raise WireError(f"patch chain has trailing bytes: expected {pos + TRAILER} bytes, got {n}")
+    if rest is not None:
+        return ReplayChain(d, lo, rho, rest, tuple(parts), base)
     return PatchChain(tuple(parts))
 
 
@@ -737,6 +856,6 @@ def payload_kind(payload: Payload) -> str:
         return kind_name(KIND_SPARSE)
     if isinstance(payload, SketchPayload):
         return kind_name(KIND_SKETCH)
-    if isinstance(payload, PatchChain):
+    if isinstance(payload, PatchChain | ReplayChain):
         return kind_name(KIND_CHAIN)
     raise WireError(f"not a payload: {type(payload).__name__}")
