@@ -155,6 +155,7 @@ def plot(results: dict, path: Path) -> bool:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds - 1")
     ap.add_argument("--rounds", type=int, default=150)
     ap.add_argument("--quick", action="store_true", help="1 seed, 30 rounds, two scenarios")
     ap.add_argument("--only", action="append", help="run only this scenario (repeatable)")
@@ -165,6 +166,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=KEY=VALUE;KEY=VALUE",
                     help="also run Sluice with these overrides on every scenario (repeatable)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="an override for every method of every scenario, dense FedAvg's too (repeatable)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "hfl_scenarios"))
     args = ap.parse_args()
     scenarios = dict(SCENARIOS)
@@ -182,8 +185,8 @@ def main() -> None:
     jobs = []
     for scen, spec in scenarios.items():
         for name, (over, peer) in {**methods(with_peers[scen]), **variants}.items():
-            for seed in range(args.seeds):
-                jobs.append((scen, name, [*spec["over"], *over], peer, seed, args.rounds))
+            for seed in range(args.first_seed, args.first_seed + args.seeds):
+                jobs.append((scen, name, [*spec["over"], *args.set, *over], peer, seed, args.rounds))
     print(f"{len(jobs)} runs on {args.jobs} processes", flush=True)
     runs: list[dict] = []
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
@@ -211,7 +214,9 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(results, indent=1))
     plotted = plot(results, out.with_suffix(".png"))
-    lines = [f"# HFL scenario suite ({args.rounds} rounds, {args.seeds} seeds)", "",
+    last = args.first_seed + args.seeds - 1
+    seed_note = f"{args.seeds} seeds" + (f", {args.first_seed}–{last}" if args.first_seed else "")
+    lines = [f"# HFL scenario suite ({args.rounds} rounds, {seed_note})", "",
              f"Machine: {results['machine']}, Python {results['python']}. Bytes: `len()` of every encoded "
              "message, up + down. Gap: mean final accuracy minus dense FedAvg's, in points; last 10: the same "
              "for the mean accuracy of the last 10 rounds. Reduction: dense FedAvg's total bytes over the "

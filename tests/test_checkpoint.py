@@ -62,7 +62,8 @@ def test_local_trainer_refuses_a_foreign_checkpoint(digits) -> None:
 def test_hfl_resumes_bit_for_bit_with_residuals_and_added_data() -> None:
     cfg = load_config(None, ["data.num_clients=5", "model.hidden=[16]", "train.local_epochs=1",
                              "train.participation=0.6", "train.dropout=0.2", "compression.up=topk",
-                             "compression.momentum=0.9", "compression.downlink=anchor",
+                             "compression.momentum=0.9", "compression.momentum_replay=0.4",
+                             "compression.downlink=anchor",
                              "compression.anchor_every=3"], HFLConfig)
 
     def fresh() -> HFLEngine:

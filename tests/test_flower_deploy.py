@@ -26,6 +26,7 @@ from sluice.jobs import load_job
 pytestmark = [pytest.mark.flower, pytest.mark.slow, pytest.mark.timeout(240)]
 
 TINY = ["data.num_clients=3", "train.participation=1.0", "model.hidden=[32]", "train.local_epochs=1"]
+REPLAYED = ["compression.momentum=0.9", "compression.momentum_replay=0.4"]
 
 
 def _wait_rows(out: Path, n: int, timeout_s: float) -> list[dict]:
@@ -76,7 +77,7 @@ def test_three_tls_nodes_give_the_simulators_numbers(deployment: LocalDeployment
 
     assert deployment.certs is not None and deployment.certs.ca.exists()  # TLS: the nodes verify the link
     # with server momentum, which the nodes replay on the output layer from the velocity in their context
-    job = load_job("hfl", None, [*TINY, "train.rounds=3", "compression.momentum=0.9"])
+    job = load_job("hfl", None, [*TINY, "train.rounds=3", *REPLAYED])
     out = tmp_path / "run"
     _submit(deployment, job, out, **{"round-timeout": 120.0})
     report = _wait_report(out, 200)
@@ -104,7 +105,7 @@ def test_three_tls_nodes_give_the_simulators_numbers(deployment: LocalDeployment
 
 def test_killed_node_is_dropped_and_its_restarted_node_resynchronised(deployment: LocalDeployment,
                                                                       tmp_path: Path) -> None:
-    job = load_job("hfl", None, [*TINY, "train.rounds=3", "compression.momentum=0.9"])
+    job = load_job("hfl", None, [*TINY, "train.rounds=3", *REPLAYED])
     out = tmp_path / "faults"
     _submit(deployment, job, out, **{"round-timeout": 25.0})
     _wait_rows(out, 1, 150)

@@ -24,7 +24,7 @@ CONFIGS = {
     "per-client randk": [],
     "anchor topk zstd momentum": ["compression.downlink=anchor", "compression.anchor_every=3",
                                   "compression.up=topk", "compression.lossless=zstd", "compression.momentum=0.9"],
-    "per-client momentum replayed": ["compression.momentum=0.9"],
+    "per-client momentum replayed": ["compression.momentum=0.9", "compression.momentum_replay=0.4"],
     "initial sketch": ["compression.downlink=initial", "compression.up=sketch"],
 }
 

@@ -201,22 +201,23 @@ def test_stale_clients_replay_to_the_server_model_and_velocity_bit_for_bit(mode:
     assert all(a[2] == b[2] for a, b in zip(copy.log, down.log, strict=True))
 
 
-def test_replay_is_on_with_momentum_and_a_top_k_step_only() -> None:
+def test_replay_is_on_with_momentum_a_share_and_a_top_k_step_only() -> None:
     def replay(*sets: str) -> int | None:
         return Server(load_config(None, list(sets), HFLConfig), np.zeros(50, np.float32), 4, output_layer=10).replay
 
-    assert replay("compression.momentum=0.9") == 40
-    assert replay("compression.momentum=0.9", 'compression.downlink="anchor"') == 40
-    assert replay() is None  # no momentum
-    assert replay("compression.momentum=0.9", "compression.momentum_replay=0") is None
-    assert replay("compression.momentum=0.9", 'compression.down="dense"') is None  # FedAvgM moves everything
-    cfg = load_config(None, ["compression.momentum=0.9"], HFLConfig)
+    on = ("compression.momentum=0.9", "compression.momentum_replay=0.4")
+    assert replay(*on) == 40
+    assert replay(*on, 'compression.downlink="anchor"') == 40
+    assert replay("compression.momentum=0.9") is None  # off by default
+    assert replay("compression.momentum_replay=0.4") is None  # no momentum
+    assert replay(*on, 'compression.down="dense"') is None  # FedAvgM moves everything
+    cfg = load_config(None, list(on), HFLConfig)
     assert Server(cfg, np.zeros(50, np.float32), 4).replay is None  # no output layer named
 
 
 def test_engine_clients_hold_the_model_and_velocity_and_the_output_layer_learns_with_momentum() -> None:
     sets = ["train.rounds=12", "data.num_clients=8", "model.hidden=[16]", "train.local_epochs=1",
-            "compression.momentum=0.9"]
+            "compression.momentum=0.9", "compression.momentum_replay=0.4"]
     eng = HFLEngine(load_config(None, sets, HFLConfig))
     for _ in range(11):
         eng.iterate()
@@ -235,7 +236,7 @@ def test_engine_clients_hold_the_model_and_velocity_and_the_output_layer_learns_
     assert sent == 17 and moved > 3 * sent, moved
     resent = decode(server.resync_message())
     assert isinstance(resent, ReplayChain) and resent.base is not None
-    plain = HFLEngine(load_config(None, sets[:-1], HFLConfig))
+    plain = HFLEngine(load_config(None, sets[:-2], HFLConfig))
     plain.start()
     assert plain.server.replay is None
     assert isinstance(decode(plain.server.resync_message()), DensePayload)

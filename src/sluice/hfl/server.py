@@ -65,25 +65,29 @@ Notation per round t, over the d model coordinates:
   part of the step leaves the residual, with its rounding error kept, so
   ``Σ_t (s_t − ρ·v_{t−1})/(η·G_t) + e_T = Σ_t g_t`` and nothing aggregated is ever lost, only delayed.
 
-* replayed momentum (ρ > 0 and ``compression.momentum_replay`` = r > 0, top-k only; :func:`replay_step`): the
-  output layer, the model's last block ``[lo, d)``, leaves the step above and takes FedAvgM's heavy ball,
-  replayed by every client. Its accumulated aggregate ``a = e + η·g`` sends its top ``r·(M/N)·(d − lo)``
-  coordinates (10 % of the output layer for the default's 5 uploads of 20 clients; signs with one scale) as the
-  innovation ``c_t``, error feedback keeps the rest, and server and clients alike move the whole block every
-  round: ``v_t = ρ·v_{t−1} + f·c_t``, ``θ[lo:] += v_t`` (float32, one function on both sides). A client keeps
-  its velocity and replays the innovations of the rounds it missed, a few dozen bytes each
-  (:mod:`sluice.hfl.downlink`); the share scales with M/N as the step's k does, so the bytes keep their ratio
-  to dense FedAvg's at any N. Why: the sparse heavy ball cannot give the output layer what FedAvgM's velocity
-  gives it, a move every round that averages about ten rounds of clients (at 0.5 % of d a round a coordinate
-  is stepped about once in 200 rounds, its velocity long decayed), and dense momentum on the output layer
-  alone is worth 4.5 of FedAvgM's 8 points over FedAvg on MNIST shards. The output layer can take the
+* replayed momentum (ρ > 0 and ``compression.momentum_replay`` = r > 0, off by default; top-k only;
+  :func:`replay_step`): the output layer, the model's last block ``[lo, d)``, leaves the step above and takes
+  FedAvgM's heavy ball, replayed by every client. Its accumulated aggregate ``a = e + η·g`` sends its top
+  ``r·(M/N)·(d − lo)`` coordinates (10 % of the output layer at r = 0.4 for the default's 5 uploads of 20
+  clients; signs with one scale) as the innovation ``c_t``, error feedback keeps the rest, and server and clients
+  alike move the whole block every round: ``v_t = ρ·v_{t−1} + f·c_t``, ``θ[lo:] += v_t`` (float32, one function
+  on both sides). A client keeps its velocity and replays the innovations of the rounds it missed, a few dozen
+  bytes each (:mod:`sluice.hfl.downlink`); the share scales with M/N as the step's k does, so the bytes keep
+  their ratio to dense FedAvg's at any N. Why: the sparse heavy ball cannot give the output layer what FedAvgM's
+  velocity gives it, a move every round that averages about ten rounds of clients (at 0.5 % of d a round a
+  coordinate is stepped about once in 200 rounds, its velocity long decayed), and dense momentum on the output
+  layer alone is worth 4.5 of FedAvgM's 8 points over FedAvg on MNIST shards. The output layer can take the
   replay: at a share near 1 − ρ error feedback returns what it holds within the momentum's time constant. The
-  whole model cannot: replayed at the default budget, momentum amplified mass that error feedback had held
-  back for hundreds of rounds and the model collapsed. The amplification ``f`` follows the clients' answers
-  as the gain does: A is the share of the block's coordinates where the aggregate has the velocity's sign,
-  ``f ← clip(f·exp(β·(A − ½)), 1 − ρ, 1)`` outside the ``½/√n`` dead zone, starting at 1 (FedAvgM on the
-  output layer). Where FedAvgM diverges (Synthetic(1, 1), 0.34) the aggregates turn against the velocity and
-  ``f`` falls towards 1 − ρ, FedAvg's step. ``f`` travels inside the innovation's scale.
+  whole model cannot: replayed at the default budget, momentum amplified mass that error feedback had held back
+  for hundreds of rounds and the model collapsed. The amplification ``f`` follows the clients' answers as the
+  gain does: A is the share of the block's coordinates where the aggregate has the velocity's sign, ``f ←
+  clip(f·exp(β·(A − ½)), 1 − ρ, 1)`` outside the ``½/√n`` dead zone, starting at 1 (FedAvgM on the output layer).
+  Where FedAvgM diverges (Synthetic(1, 1), 0.34) the aggregates turn against the velocity and ``f`` falls towards
+  1 − ρ, FedAvg's step. ``f`` travels inside the innovation's scale. It is off by default because that is not
+  enough: it inherits FedAvgM's divergence where FedAvgM diverges (Synthetic(0.5, 0.5), ρ = 0.9, seed 3: 0.158 at
+  r = 0.4, where FedAvgM ends at 0.327 and the sparse heavy ball at 0.926), while it takes digits, digits
+  Dirichlet 0.1 and MNIST shards with ρ = 0.9 0.5 to 2.7 points closer to FedAvgM
+  (``bench/results/hfl_momentum_replay*.md``).
 
 With ρ = 0 and β = 0 this is top-k with error feedback. ``ratio = 1`` (``compression.down = "dense"``)
 applies the whole aggregate with the gain left at 1: plain FedAvg, and with ρ > 0 FedAvgM.
@@ -147,9 +151,9 @@ def aggregate(estimates: list[np.ndarray], weights: list[float], d: int) -> np.n
 
 
 def _agreement(value: float, seen: np.ndarray, signs: np.ndarray, beta: float, bounds: tuple[float, float]) -> float:
-    """``value·exp(β·(A − ½))`` clipped to ``bounds``, with ``A`` the share of the n non-zero ``seen`` whose sign
-    is ``signs``'; ``value`` itself when ``beta`` is 0, n is 0 or ``|A − ½| ≤ ½/√n`` (no evidence beyond a fair
-    coin's standard error)."""
+    """``value·exp(β·(A − ½))`` clipped to ``bounds``, with ``A`` the share of the n non-zero entries of ``seen``
+    that have the sign of the matching entry of ``signs``; ``value`` itself when ``beta`` is 0, n is 0 or
+    ``|A − ½| ≤ ½/√n`` (no evidence beyond a fair coin's standard error)."""
     heard = seen != 0
     n = int(heard.sum())
     if beta <= 0 or not n:
@@ -232,10 +236,11 @@ def replay_step(
 
     The block's accumulated aggregate ``a = e + η·g`` sends its top ``share·(d − lo)`` coordinates as the
     innovation ``c`` (value type ``values``, over the block's coordinates; the amplification ``f`` multiplies
-    its scale), error feedback keeps ``a − c/f``, and :func:`sluice.wire.vector.replay_block` moves the block:
-    ``v ← ρ·v + c``, ``θ[lo:] += v`` in float32, as every client replays it. ``f`` follows the clients' answers
-    as the gain does: ``A`` is the share of the block's coordinates where the aggregate has the velocity's
-    sign, ``f ← clip(f·exp(β·(A − ½)), 1 − ρ, 1)``. Returns the state after the round and ``c``."""
+    its scale, so that ``c`` as sent includes it), error feedback keeps ``a − c/f``, and
+    :func:`sluice.wire.vector.replay_block` moves the block: ``v ← ρ·v + c``, ``θ[lo:] += v`` in float32, as
+    every client replays it. ``f`` follows the clients' answers as the gain does: ``A`` is the share of the
+    block's coordinates where the aggregate has the velocity's sign, ``f ← clip(f·exp(β·(A − ½)), 1 − ρ, 1)``.
+    Returns the state after the round and ``c``."""
     acc = state.residual[lo:] + lr * g[lo:].astype(np.float64)
     v = state.momentum[lo:].astype(np.float32)
     f = _agreement(state.replay_gain, np.where(v != 0, g[lo:], 0.0), np.sign(v), adapt, (1.0 - rho, 1.0))
