@@ -175,8 +175,8 @@ class Downlink:
         return options
 
     def _covers(self, base: int) -> bool:
-        """Whether the log holds every step since round ``base``."""
-        return self.round == base or bool(self.log) and self.log[0][0] <= base + 1
+        """Whether the log holds every step of rounds base+1 .. now (and some step)."""
+        return bool(self.log) and self.log[0][0] <= base + 1
 
     def _encode(self, params: np.ndarray, base: int | None) -> bytes:
         """The changes since round ``base`` as the smallest of :meth:`_options`."""
@@ -190,7 +190,7 @@ class Downlink:
         lo, rho = self.replay
         rest = min(self._options(params, base, lo), key=lambda p: len(encode(p)))
         options = [ReplayChain(self.d, lo, rho, rest, base=(params[lo:], velocity))]
-        if base is not None and self._covers(base):
+        if base is not None and (self.round == base or self._covers(base)):
             options.append(ReplayChain(self.d, lo, rho, rest, tuple(c for r, _, c in self.log if r > base)))
         return min((encode(p) for p in options), key=len)
 
