@@ -67,12 +67,12 @@ class CompressionConfig(Section):
                               "share of the n heard coordinates of the last step where the new aggregate has the "
                               "step's sign, is more than 1/(2*sqrt(n)) from 1/2; 0: gain 1")
     momentum: float = Field(0.0, ge=0, lt=1, description="server momentum rho")
-    momentum_replay: float = Field(0.0, ge=0, le=10, description="with momentum and a top-k server step: share of "
+    momentum_replay: float = Field(0.4, ge=0, le=10, description="with momentum and a top-k server step: share of "
                                    "the output layer's coordinates whose innovation the server sends in a round "
                                    "that aggregates an upload from every client (M uploads of N clients: "
                                    "momentum_replay*M/N, at most 1), the clients replaying the momentum on the "
-                                   "whole output layer (e.g. 0.4); 0: the output layer takes the sparse heavy ball "
-                                   "as the rest of the model")
+                                   "whole output layer; 0: the output layer takes the sparse heavy ball as the "
+                                   "rest of the model")
     downlink: Literal["dense", "initial", "per-client", "anchor"] = "per-client"
     anchor_every: int = Field(10, ge=1)
 

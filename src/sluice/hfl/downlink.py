@@ -57,7 +57,7 @@ class Downlink:
     """Builds the encoded downlink message for a client and tracks who holds what."""
 
     def __init__(self, d: int, mode: str, anchor_every: int = 10, num_clients: int = 0,
-                 replay: tuple[int, float] | None = None) -> None:
+                 replay: int | None = None) -> None:
         if mode not in MODES:
             raise ConfigError(f"compression.downlink must be one of {', '.join(MODES)}, got {mode!r}")
         self.d = d
@@ -69,17 +69,17 @@ class Downlink:
         self.round = 0
         self.anchor_round = 0
         self.synced: dict[int, int] = {}
-        self.log: list[tuple[int, SparsePayload, SparsePayload | None]] = []
+        self.log: list[tuple[int, SparsePayload, tuple[SparsePayload, float] | None]] = []
 
-    def record(self, step: SparsePayload | None, innovation: SparsePayload | None = None) -> None:
+    def record(self, step: SparsePayload | None, replayed: tuple[SparsePayload, float] | None = None) -> None:
         """Note that the server finished a round adding ``step`` (a sparse patch; None: nothing changed) and,
-        with replay, replaying ``innovation``."""
+        with replay, replaying ``replayed`` = (innovation, decay)."""
         self.round += 1
         if step is None:
             return
         self.stamp[step.indices] = self.round
         if self.mode in ("per-client", "anchor"):
-            self.log.append((self.round, step, innovation))
+            self.log.append((self.round, step, replayed))
             self._prune()
 
     def _prune(self) -> None:
@@ -135,8 +135,9 @@ class Downlink:
         return {"kind": "downlink", "d": self.d, "mode": self.mode, "anchor_every": self.anchor_every,
                 "num_clients": self.num_clients, "stamp": self.stamp, "round": self.round,
                 "anchor_round": self.anchor_round, "synced": [[c, r] for c, r in self.synced.items()],
-                "replay": None if self.replay is None else list(self.replay),
-                "log": [[r, p.indices, p.values, p.vscale] + ([] if c is None else [c.indices, c.values, c.vscale])
+                "replay": self.replay,
+                "log": [[r, p.indices, p.values, p.vscale] + ([] if c is None else [c[0].indices, c[0].values,
+                                                                                    c[0].vscale, c[1]])
                         for r, p, c in self.log]}
 
     @classmethod
@@ -146,16 +147,15 @@ class Downlink:
             tree, "downlink", "d", "mode", "anchor_every", "num_clients", "stamp", "round", "anchor_round",
             "synced", "log")
         replay = tree.get("replay")
-        out = cls(d, mode, every, num_clients=n,
-                  replay=None if replay is None else (int(replay[0]), float(replay[1])))
+        out = cls(d, mode, every, num_clients=n, replay=None if replay is None else int(replay))
         if stamp.shape != (d,):
             raise WireError(f"downlink state: stamp has shape {stamp.shape}, expected ({d},)")
         out.stamp = stamp.astype(np.int32)
         out.round, out.anchor_round = int(rnd), int(anchor)
         out.synced = {int(c): int(r) for c, r in synced}
-        block = None if out.replay is None else d - out.replay[0]
+        block = None if out.replay is None else d - out.replay
         out.log = [(int(r), SparsePayload(d=d, values=e[1], indices=e[0], vscale=e[2]),
-                    SparsePayload(d=block, values=e[4], indices=e[3], vscale=e[5]) if len(e) > 3 else None)
+                    (SparsePayload(d=block, values=e[4], indices=e[3], vscale=e[5]), float(e[6])) if len(e) > 3 else None)
                    for r, *e in log]
         return out
 
@@ -187,11 +187,12 @@ class Downlink:
         block the innovations since ``base``, or its values and the velocity when that is smaller or the log
         does not cover them (``base`` None)."""
         assert self.replay is not None and velocity is not None
-        lo, rho = self.replay
+        lo = self.replay
         rest = min(self._options(params, base, lo), key=lambda p: len(encode(p)))
-        options = [ReplayChain(self.d, lo, rho, rest, base=(params[lo:], velocity))]
+        options = [ReplayChain(self.d, lo, rest, base=(params[lo:], velocity))]
         if base is not None and (self.round == base or self._covers(base)):
-            options.append(ReplayChain(self.d, lo, rho, rest, tuple(c for r, _, c in self.log if r > base)))
+            replayed = [c for r, _, c in self.log if r > base]
+            options.append(ReplayChain(self.d, lo, rest, tuple(c for c, _ in replayed), tuple(r for _, r in replayed)))
         return min((encode(p) for p in options), key=len)
 
 
@@ -207,7 +208,7 @@ def apply_downlink(model: np.ndarray, velocity: np.ndarray | None, buf: bytes) -
     out = np.empty(payload.d, dtype=np.float32)
     out[:lo] = _apply(model[:lo], payload.rest)
     held = velocity if velocity is not None else np.zeros(payload.d - lo, dtype=np.float32)
-    out[lo:], v = replay_block(*(payload.base or (model[lo:], held)), payload.innovations, payload.rho)
+    out[lo:], v = replay_block(*(payload.base or (model[lo:], held)), payload.innovations, payload.decays)
     return out, v
 
 

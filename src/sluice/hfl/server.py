@@ -112,6 +112,9 @@ from sluice.wire.vector import SparsePayload, float_values, replay_block
 GAIN_BOUNDS = (1.0, 10.0)
 """The adaptive step's gain stays within once and ten times the configured server step."""
 
+REPLAY_FALL = 4.0
+"""Replayed momentum's ``f`` falls this many times faster than it rises (:func:`replay_step`)."""
+
 
 @dataclass
 class ServerState:
@@ -150,10 +153,11 @@ def aggregate(estimates: list[np.ndarray], weights: list[float], d: int) -> np.n
     return g
 
 
-def _agreement(value: float, seen: np.ndarray, signs: np.ndarray, beta: float, bounds: tuple[float, float]) -> float:
+def _agreement(value: float, seen: np.ndarray, signs: np.ndarray, beta: float, bounds: tuple[float, float],
+               fall: float = 1.0) -> float:
     """``value·exp(β·(A − ½))`` clipped to ``bounds``, with ``A`` the share of the n non-zero entries of ``seen``
-    that have the sign of the matching entry of ``signs``; ``value`` itself when ``beta`` is 0, n is 0 or
-    ``|A − ½| ≤ ½/√n`` (no evidence beyond a fair coin's standard error)."""
+    that have the sign of the matching entry of ``signs`` and β multiplied by ``fall`` when ``A < ½``; ``value``
+    itself when ``beta`` is 0, n is 0 or ``|A − ½| ≤ ½/√n`` (no evidence beyond a fair coin's standard error)."""
     heard = seen != 0
     n = int(heard.sum())
     if beta <= 0 or not n:
@@ -161,7 +165,8 @@ def _agreement(value: float, seen: np.ndarray, signs: np.ndarray, beta: float, b
     agree = float(np.mean(np.sign(seen[heard]) == signs[heard]))
     if abs(agree - 0.5) <= 0.5 / math.sqrt(n):
         return value
-    return float(np.clip(value * math.exp(beta * (agree - 0.5)), *bounds))
+    rate = beta * (fall if agree < 0.5 else 1.0)
+    return float(np.clip(value * math.exp(rate * (agree - 0.5)), *bounds))
 
 
 def adapt_gain(state: ServerState, g: np.ndarray, beta: float) -> float:
@@ -175,17 +180,16 @@ def adapt_gain(state: ServerState, g: np.ndarray, beta: float) -> float:
     return _agreement(state.gain, g[state.last_idx], state.last_sign, beta, GAIN_BOUNDS)
 
 
-def _payload(d: int, idx: np.ndarray, want: np.ndarray, values: ValueType, gain: float = 1.0) -> SparsePayload:
-    """``want`` at ``idx`` as a sparse step of value type ``values``; a quantised step's scale is multiplied
-    by ``gain`` (the replay's amplification, :func:`replay_step`), a float step's values are ``gain·want``."""
+def _payload(d: int, idx: np.ndarray, want: np.ndarray, values: ValueType) -> SparsePayload:
+    """``want`` at ``idx`` as a sparse step of value type ``values``."""
     if values in QUANTIZERS:
         q, vscale = QUANTIZERS[values](want)
-        return SparsePayload(d=d, values=q, indices=idx, vscale=float(np.float32(gain * vscale)))
+        return SparsePayload(d=d, values=q, indices=idx, vscale=vscale)
     if values == "fp16":
-        want = np.clip(gain * want, -dtypes.FP16_MAX, dtypes.FP16_MAX)
+        want = np.clip(want, -dtypes.FP16_MAX, dtypes.FP16_MAX)
         return SparsePayload(d=d, values=want.astype(dtypes.FP16.numpy), indices=idx)
     if values == "fp32":
-        return SparsePayload(d=d, values=(gain * want).astype(dtypes.FP32.numpy), indices=idx)
+        return SparsePayload(d=d, values=want.astype(dtypes.FP32.numpy), indices=idx)
     raise ConfigError(f"server step values must be one of {', '.join(VALUE_TYPES)}; got {values!r}")
 
 
@@ -230,37 +234,39 @@ def server_step(
 def replay_step(
     state: ServerState, g: np.ndarray, *, lo: int, share: float, rho: float, lr: float = 1.0,
     values: ValueType = "sign", adapt: float = 0.0,
-) -> tuple[ServerState, SparsePayload]:
+) -> tuple[ServerState, SparsePayload, float]:
     """Server momentum replayed by the clients on the block ``[lo, d)`` (module docstring, "replayed
     momentum"); the rest of ``state`` is left as it is.
 
-    The block's accumulated aggregate ``a = e + η·g`` sends its top ``share·(d − lo)`` coordinates as the
-    innovation ``c`` (value type ``values``, over the block's coordinates; the amplification ``f`` multiplies
-    its scale, so that ``c`` as sent includes it), error feedback keeps ``a − c/f``, and
-    :func:`sluice.wire.vector.replay_block` moves the block: ``v ← ρ·v + c``, ``θ[lo:] += v`` in float32, as
-    every client replays it. ``f`` follows the clients' answers as the gain does: ``A`` is the share of the
-    block's coordinates where the aggregate has the velocity's sign, ``f ← clip(f·exp(β·(A − ½)), 1 − ρ, 1)``.
-    Returns the state after the round and ``c``."""
+    The block's accumulated aggregate ``a = e + η·g`` sends its top ``share·(d − lo)`` coordinates, times
+    ``max(f, 1 − ρ)``, as the innovation ``c`` (value type ``values``, over the block's coordinates), error
+    feedback keeps what ``c`` did not carry, and :func:`sluice.wire.vector.replay_block` moves the block:
+    ``v ← r·v + c``, ``θ[lo:] += v`` in float32 with the decay ``r = float32(ρ·min(1, f/(1 − ρ)))``, as every
+    client replays it. ``f`` follows the clients' answers as the gain does, and falls :data:`REPLAY_FALL` times
+    faster than it rises: ``A`` is the share of the block's coordinates where the aggregate has the velocity's
+    sign, ``f ← clip(f·exp(β·(A − ½)), 0, 1)``, β times :data:`REPLAY_FALL` when ``A < ½``. Returns the state
+    after the round, ``c`` and ``r``."""
     acc = state.residual[lo:] + lr * g[lo:].astype(np.float64)
     v = state.momentum[lo:].astype(np.float32)
-    f = _agreement(state.replay_gain, np.where(v != 0, g[lo:], 0.0), np.sign(v), adapt, (1.0 - rho, 1.0))
+    f = _agreement(state.replay_gain, np.where(v != 0, g[lo:], 0.0), np.sign(v), adapt, (0.0, 1.0), REPLAY_FALL)
+    scale, decay = max(f, 1.0 - rho), float(np.float32(rho * min(1.0, f / (1.0 - rho))))
     sel = topk_indices(acc, max(1, int(round(share * acc.shape[0]))))
     sel = sel[acc[sel] != 0]
-    innovation = _payload(acc.shape[0], sel, acc[sel], values, gain=f)
-    acc[sel] -= float_values(innovation).astype(np.float64) / f
-    block, v = replay_block(state.params[lo:], v, (innovation,), rho)
+    innovation = _payload(acc.shape[0], sel, scale * acc[sel], values)
+    acc[sel] -= float_values(innovation).astype(np.float64) / scale
+    block, v = replay_block(state.params[lo:], v, (innovation,), (decay,))
     params, residual, momentum = state.params.copy(), state.residual.copy(), state.momentum.copy()
     params[lo:], residual[lo:], momentum[lo:] = block, acc, v
-    return replace(state, params=params, residual=residual, momentum=momentum, replay_gain=f), innovation
+    return replace(state, params=params, residual=residual, momentum=momentum, replay_gain=f), innovation, decay
 
 
 def server_round(
     state: ServerState, g: np.ndarray, *, ratio: float, rho: float = 0.0, lr: float = 1.0,
     values: ValueType = "fp32", adapt: float = 0.0, replay: tuple[int, float] | None = None,
-) -> tuple[ServerState, SparsePayload, SparsePayload | None]:
+) -> tuple[ServerState, SparsePayload, tuple[SparsePayload, float] | None]:
     """One round of the server: :func:`server_step`, and with ``replay = (lo, share)`` (and ``rho > 0``)
     :func:`replay_step` on the block ``[lo, d)``, which the step then leaves out. Returns the new state, the
-    step and the innovation (None without replay)."""
+    step and the innovation with its decay (None without replay)."""
     if replay is None or rho <= 0:
         new, _, step = server_step(state, g, ratio=ratio, rho=rho, lr=lr, values=values, adapt=adapt)
         return new, step, None
@@ -271,9 +277,9 @@ def server_round(
     new, _, step = server_step(replace(state, residual=masked[0], momentum=masked[1]), masked[2], ratio=ratio,
                                rho=rho, lr=lr, values=values, adapt=adapt)
     new.residual[lo:], new.momentum[lo:] = state.residual[lo:], state.momentum[lo:]
-    new, innovation = replay_step(replace(new, replay_gain=state.replay_gain), g, lo=lo, share=share, rho=rho, lr=lr,
-                                  values=values, adapt=adapt)
-    return new, step, innovation
+    new, innovation, decay = replay_step(replace(new, replay_gain=state.replay_gain), g, lo=lo, share=share, rho=rho,
+                                         lr=lr, values=values, adapt=adapt)
+    return new, step, (innovation, decay)
 
 
 def replayed_from(cfg: HFLConfig, d: int, output_layer: int) -> int | None:
@@ -344,8 +350,7 @@ class Server(UploadInbox):
         self.state = init_server(np.asarray(params))
         self.d = self.state.params.shape[0]
         self.replay = replayed_from(cfg, self.d, output_layer)
-        self.downlink = Downlink(self.d, c.downlink, c.anchor_every, num_clients=self.num_clients,
-                                 replay=None if self.replay is None else (self.replay, c.momentum))
+        self.downlink = Downlink(self.d, c.downlink, c.anchor_every, num_clients=self.num_clients, replay=self.replay)
         self._uploads: dict[int, tuple[np.ndarray, float]] = {}
 
     @property
@@ -382,16 +387,16 @@ class Server(UploadInbox):
             ids = sorted(self._uploads)
             g = aggregate([self._uploads[i][0] for i in ids], [self._uploads[i][1] for i in ids], self.d)
             dense_down = c.down == "dense"
-            self.state, step, innovation = server_round(
+            self.state, step, replayed = server_round(
                 self.state, g, ratio=1.0 if dense_down else c.down_share(len(ids), self.num_clients), rho=c.momentum,
                 lr=self.cfg.train.server_lr, values=value_type(c.down_values, dense=dense_down, compressed="sign"),
                 adapt=0.0 if dense_down else c.down_adapt,
                 replay=None if self.replay is None else (self.replay, c.replay_share(len(ids), self.num_clients)))
         else:
             self.state = replace(self.state, round=self.state.round + 1)
-            step = innovation = None
+            step = replayed = None
         self._uploads.clear()
-        self.downlink.record(step, innovation)
+        self.downlink.record(step, replayed)
         return self.downlink.anchor_broadcast(self.state.params, self.replayed_velocity())
 
     # -- state as bytes -----------------------------------------------------------------------

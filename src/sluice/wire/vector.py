@@ -40,11 +40,11 @@ sparse message when bit 0 is clear. With bit 0 set (what :func:`encode` writes) 
 CRC (flags, varint k, then as above): 10 bytes less per part for d ≥ 16,384, the chain's own CRC-32
 covering every byte.
 
-A replay chain sets flag bit 1 (with bit 0): after ``n`` and ``d`` come varint ``lo``, float32 ``rho``, with flag
-bit 2 a starting block and velocity (twice ``d − lo`` fp32 values), then varint length and one complete
-message (dense, sparse or patch chain) over the first ``lo`` coordinates, then the ``n`` parts: compact sparse
-parts over the ``d − lo`` coordinates of the block ``[lo, d)``, the rounds' innovations, which the receiver
-replays: ``v ← float32(rho)·v; v[c.indices] += c; x[lo:] += v``, in float32 (:class:`ReplayChain`).
+A replay chain sets flag bit 1 (with bit 0): after ``n`` and ``d`` come varint ``lo``, ``n`` float32 decays (one a
+part), with flag bit 2 a starting block and velocity (twice ``d − lo`` fp32 values), then varint length and one
+complete message (dense, sparse or patch chain) over the first ``lo`` coordinates, then the ``n`` parts: compact
+sparse parts over the ``d − lo`` coordinates of the block ``[lo, d)``, the rounds' innovations, which the receiver
+replays with their decays: ``v ← decay·v; v[c.indices] += c; x[lo:] += v``, in float32 (:class:`ReplayChain`).
 
 A rand-k message of ``k`` fp16 values therefore costs ``4 + len(varint d) + len(varint k) + 8 + 2k + 4``
 bytes: 2k + 21 for d=26,000, k=520. Against format version 1 (magic, version, flags, ..., CRC-32) every
@@ -125,8 +125,8 @@ _QUANT_SIGN = 2
 _MAX_RICE = 32
 _FIXED = HEADER + 1  # frame header and flags
 _CHAIN_COMPACT = 0x01  # patch chain flag: parts without their own frame, d and CRC
-_CHAIN_REPLAY = 0x02  # patch chain flag: a replay chain (lo, rho and the rest follow d; parts are innovations)
-_CHAIN_BASE = 0x04  # replay chain flag: a starting block and velocity follow rho
+_CHAIN_REPLAY = 0x02  # patch chain flag: a replay chain (lo, decays and the rest follow d; parts are innovations)
+_CHAIN_BASE = 0x04  # replay chain flag: a starting block and velocity follow the decays
 
 IndexCoding = Literal["auto", "rice", "bitmap", "raw"]
 
@@ -345,25 +345,21 @@ class ReplayChain:
 
     ``rest`` brings coordinates ``[0, lo)`` (a dense vector, a replacement patch or a patch chain over ``lo``
     coordinates, as the downlink's messages without replay); the block is brought by its ``innovations``
-    (sparse payloads over ``d − lo`` coordinates, one a round, which the receiver replays with momentum
-    ``rho``, a float32 value: :func:`replay_block`) from the block and velocity it holds, or from ``base`` =
-    (block, velocity), two fp32 vectors of ``d − lo`` values, when given.
+    (sparse payloads over ``d − lo`` coordinates, one a round, which the receiver replays with that round's
+    velocity decay, ``decays``, float32 values in [0, 1): :func:`replay_block`) from the block and velocity it
+    holds, or from ``base`` = (block, velocity), two fp32 vectors of ``d − lo`` values, when given.
     """
 
     d: int
     lo: int
-    rho: float
     rest: DensePayload | SparsePayload | PatchChain
     innovations: tuple[SparsePayload, ...] = ()
+    decays: tuple[float, ...] = ()
     base: tuple[np.ndarray, np.ndarray] | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.lo < self.d <= MAX_D:
             raise WireError(f"a replay chain needs 0 <= lo < d <= {MAX_D}, got lo={self.lo}, d={self.d}")
-        rho = float(np.float32(self.rho))
-        if not 0 <= rho < 1:
-            raise WireError(f"a replay chain's momentum must be in [0, 1), got {self.rho!r}")
-        object.__setattr__(self, "rho", rho)
         rest = self.rest
         rest_d = getattr(rest, "d", None)
         if isinstance(rest, PatchChain):
@@ -376,7 +372,12 @@ class ReplayChain:
         if any(not isinstance(c, SparsePayload) or c.indices is None or c.d != self.d - self.lo for c in innovations):
             raise WireError(f"a replay chain's innovations are sparse payloads over d - lo = {self.d - self.lo} "
                             "coordinates with explicit indices")
+        decays = tuple(float(np.float32(r)) for r in self.decays)
+        if len(decays) != len(innovations) or not all(0 <= r < 1 for r in decays):
+            raise WireError(f"a replay chain needs one decay in [0, 1) per innovation, got {list(self.decays)} for "
+                            f"{len(innovations)} innovations")
         object.__setattr__(self, "innovations", innovations)
+        object.__setattr__(self, "decays", decays)
         if self.base is not None:
             block, velocity = (np.ascontiguousarray(a, dtype=np.float32) for a in self.base)
             if block.shape != (self.d - self.lo,) or velocity.shape != block.shape:
@@ -385,7 +386,7 @@ class ReplayChain:
             object.__setattr__(self, "base", (block, velocity))
 
     def __eq__(self, other: object) -> bool:
-        return (isinstance(other, ReplayChain) and (self.d, self.lo, self.rho) == (other.d, other.lo, other.rho)
+        return (isinstance(other, ReplayChain) and (self.d, self.lo, self.decays) == (other.d, other.lo, other.decays)
                 and self.rest == other.rest and len(self.innovations) == len(other.innovations)
                 and all(a == b for a, b in zip(self.innovations, other.innovations, strict=True))
                 and (self.base is None) == (other.base is None)
@@ -395,17 +396,16 @@ class ReplayChain:
 
 
 def replay_block(block: np.ndarray, velocity: np.ndarray, innovations: tuple[SparsePayload, ...] | list[SparsePayload],
-                 rho: float) -> tuple[np.ndarray, np.ndarray]:
-    """The (block, velocity) after replaying ``innovations``, one a round, in float32: ``v ← float32(rho)·v``,
-    ``v[c.indices] += c``, ``block += v``. New arrays; the inputs are not changed. The server runs this same
-    function on its own innovations, so sender and receiver hold the same bits."""
+                 decays: tuple[float, ...] | list[float]) -> tuple[np.ndarray, np.ndarray]:
+    """The (block, velocity) after replaying ``innovations`` with their ``decays``, one a round, in float32:
+    ``v ← float32(decay)·v``, ``v[c.indices] += c``, ``block += v``. New arrays; the inputs are not changed. The
+    server runs this same function on its own innovations, so sender and receiver hold the same bits."""
     x, v = (np.array(a, dtype=np.float32) for a in (block, velocity))
-    if x.shape != v.shape or any(c.d != x.shape[0] for c in innovations):
-        raise WireError(f"cannot replay innovations over {[c.d for c in innovations]} coordinates on a block of "
-                        f"{x.shape[0]} and a velocity of {v.shape[0]} values")
-    r = np.float32(rho)
-    for c in innovations:
-        v *= r
+    if x.shape != v.shape or any(c.d != x.shape[0] for c in innovations) or len(decays) != len(innovations):
+        raise WireError(f"cannot replay innovations over {[c.d for c in innovations]} coordinates with "
+                        f"{len(decays)} decays on a block of {x.shape[0]} and a velocity of {v.shape[0]} values")
+    for c, r in zip(innovations, decays, strict=True):
+        v *= np.float32(r)
         v[c.indices] += float_values(c)
         x += v
     return x, v
@@ -568,7 +568,8 @@ def encode(
         parts = [_chain_part(encode(c, lossless=lossless, index_coding=index_coding), payload.d - payload.lo)
                  for c in payload.innovations]
         flags = _CHAIN_COMPACT | _CHAIN_REPLAY | (_CHAIN_BASE if payload.base is not None else 0)
-        head = varint(len(parts)) + varint(payload.d) + varint(payload.lo) + struct.pack("<f", payload.rho)
+        head = (varint(len(parts)) + varint(payload.d) + varint(payload.lo)
+                + np.asarray(payload.decays, dtype="<f4").tobytes())
         if payload.base is not None:
             head += b"".join(a.astype("<f4").tobytes() for a in payload.base)
         return frame(KIND_CHAIN, bytes([flags]), head, varint(len(rest)), rest,
@@ -662,11 +663,11 @@ def _decode_chain(buf: bytes) -> PatchChain | ReplayChain:
         if not lo < d:
             raise WireError(f"malformed header: replay chain block [{lo}, {d}) of d={d}")
         part_d = d - lo
-        need = 4 + (8 * part_d if flags & _CHAIN_BASE else 0)
+        need = 4 * count + (8 * part_d if flags & _CHAIN_BASE else 0)
         if pos + need > n - TRAILER:
             raise _truncated(pos + need + TRAILER, n, at_least=True)
-        (rho,) = struct.unpack_from("<f", buf, pos)
-        pos += 4
+        decays = tuple(np.frombuffer(buf, dtype="<f4", count=count, offset=pos).tolist())
+        pos += 4 * count
         base = None
         if flags & _CHAIN_BASE:
             base = tuple(np.frombuffer(buf, dtype="<f4", count=part_d, offset=pos + 4 * part_d * i).astype(np.float32)
@@ -698,7 +699,7 @@ def _decode_chain(buf: bytes) -> PatchChain | ReplayChain:
     if pos != n - TRAILER:
         raise WireError(f"patch chain has trailing bytes: expected {pos + TRAILER} bytes, got {n}")
     if rest is not None:
-        return ReplayChain(d, lo, rho, rest, tuple(parts), base)
+        return ReplayChain(d, lo, rest, tuple(parts), decays, base)
     return PatchChain(tuple(parts))
 
 
