@@ -15,8 +15,8 @@ last synced. A client that synced at round r holds θ_r exactly, and the message
 Either way the client holds θ_t bit for bit.
 
 With server momentum replayed on the output layer (:func:`sluice.hfl.server.replay_step`) every round moves
-that whole block, and the client must also hold the velocity. The log keeps each round's innovation beside
-its step, and the message (:class:`sluice.wire.vector.ReplayChain`) brings the coordinates before the block
+that whole block, and the client must also hold the velocity. The log keeps each round's innovation and decay
+beside its step, and the message (:class:`sluice.wire.vector.ReplayChain`) brings the coordinates before the block
 by the smallest of the three above and the block by the smaller of its innovations of rounds r+1..t, which
 the client replays from the block and velocity it holds (in the ``initial`` and ``anchor`` modes: of θ_0 with
 no velocity, or of its anchor), and its values with the velocity.
@@ -154,8 +154,8 @@ class Downlink:
         out.round, out.anchor_round = int(rnd), int(anchor)
         out.synced = {int(c): int(r) for c, r in synced}
         block = None if out.replay is None else d - out.replay
-        out.log = [(int(r), SparsePayload(d=d, values=e[1], indices=e[0], vscale=e[2]),
-                    (SparsePayload(d=block, values=e[4], indices=e[3], vscale=e[5]), float(e[6])) if len(e) > 3 else None)
+        out.log = [(int(r), SparsePayload(d=d, values=e[1], indices=e[0], vscale=e[2]), None if len(e) == 3
+                    else (SparsePayload(d=block, values=e[4], indices=e[3], vscale=e[5]), float(e[6])))
                    for r, *e in log]
         return out
 

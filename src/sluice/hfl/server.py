@@ -65,29 +65,34 @@ Notation per round t, over the d model coordinates:
   part of the step leaves the residual, with its rounding error kept, so
   ``Σ_t (s_t − ρ·v_{t−1})/(η·G_t) + e_T = Σ_t g_t`` and nothing aggregated is ever lost, only delayed.
 
-* replayed momentum (ρ > 0 and ``compression.momentum_replay`` = r > 0, off by default; top-k only;
+* replayed momentum (ρ > 0 and ``compression.momentum_replay`` = r > 0, r = 0.4 by default; top-k only;
   :func:`replay_step`): the output layer, the model's last block ``[lo, d)``, leaves the step above and takes
   FedAvgM's heavy ball, replayed by every client. Its accumulated aggregate ``a = e + η·g`` sends its top
   ``r·(M/N)·(d − lo)`` coordinates (10 % of the output layer at r = 0.4 for the default's 5 uploads of 20
   clients; signs with one scale) as the innovation ``c_t``, error feedback keeps the rest, and server and clients
-  alike move the whole block every round: ``v_t = ρ·v_{t−1} + f·c_t``, ``θ[lo:] += v_t`` (float32, one function
+  alike move the whole block every round: ``v_t = r_t·v_{t−1} + c_t``, ``θ[lo:] += v_t`` (float32, one function
   on both sides). A client keeps its velocity and replays the innovations of the rounds it missed, a few dozen
-  bytes each (:mod:`sluice.hfl.downlink`); the share scales with M/N as the step's k does, so the bytes keep
-  their ratio to dense FedAvg's at any N. Why: the sparse heavy ball cannot give the output layer what FedAvgM's
-  velocity gives it, a move every round that averages about ten rounds of clients (at 0.5 % of d a round a
-  coordinate is stepped about once in 200 rounds, its velocity long decayed), and dense momentum on the output
-  layer alone is worth 4.5 of FedAvgM's 8 points over FedAvg on MNIST shards. The output layer can take the
-  replay: at a share near 1 − ρ error feedback returns what it holds within the momentum's time constant. The
-  whole model cannot: replayed at the default budget, momentum amplified mass that error feedback had held back
-  for hundreds of rounds and the model collapsed. The amplification ``f`` follows the clients' answers as the
-  gain does: A is the share of the block's coordinates where the aggregate has the velocity's sign, ``f ←
-  clip(f·exp(β·(A − ½)), 1 − ρ, 1)`` outside the ``½/√n`` dead zone, starting at 1 (FedAvgM on the output layer).
-  Where FedAvgM diverges (Synthetic(1, 1), 0.34) the aggregates turn against the velocity and ``f`` falls towards
-  1 − ρ, FedAvg's step. ``f`` travels inside the innovation's scale. It is off by default because that is not
-  enough: it inherits FedAvgM's divergence where FedAvgM diverges (Synthetic(0.5, 0.5), ρ = 0.9, seed 3: 0.158 at
-  r = 0.4, where FedAvgM ends at 0.327 and the sparse heavy ball at 0.926), while it takes digits, digits
-  Dirichlet 0.1 and MNIST shards with ρ = 0.9 0.5 to 2.7 points closer to FedAvgM
-  (``bench/results/hfl_momentum_replay*.md``).
+  bytes each with their decays ``r_t`` (:mod:`sluice.hfl.downlink`); the share scales with M/N as the step's k
+  does, so the bytes keep their ratio to dense FedAvg's at any N. Why: the sparse heavy ball cannot give the
+  output layer what FedAvgM's velocity gives it, a move every round that averages about ten rounds of clients
+  (at 0.5 % of d a round a coordinate is stepped about once in 200 rounds, its velocity long decayed), and dense
+  momentum on the output layer alone is worth 4.5 of FedAvgM's 8 points over FedAvg on MNIST shards. The output
+  layer can take the replay: at a share near 1 − ρ error feedback returns what it holds within the momentum's
+  time constant. The whole model cannot: replayed at the default budget, momentum amplified mass that error
+  feedback had held back for hundreds of rounds and the model collapsed.
+
+  Where FedAvgM itself diverges (Synthetic federations with ρ = 0.9: 0.42, 0.62 and 0.73 over 6 seeds) the
+  replay must not follow it. One factor ``f ∈ (0, 1]``, starting at 1 (FedAvgM on the output layer), follows the
+  clients' answers: A is the share of the block's coordinates where the aggregate has the velocity's sign, and
+  outside the ``½/√n`` dead zone ``f ← clip(f·exp(β·(A − ½)), 0, 1)``, with β four times larger
+  (:data:`REPLAY_FALL`) when A < ½. From 1 down to 1 − ρ, ``f`` scales the innovation (the layer's step for a
+  steady aggregate falls from FedAvgM's 1/(1 − ρ) to FedAvg's 1); below, the innovation keeps the scale 1 − ρ
+  and the momentum itself fades, ``r_t = ρ·f/(1 − ρ)``, down to none. Both halves are needed. Scaling the
+  innovation alone leaves the heavy ball's ringing (its roots have modulus √ρ ≈ 0.95), and FedAvgM's divergence
+  came back: Synthetic(0.5, 0.5), ρ = 0.9, seed 3 fell to 0.158 with a symmetric rule and to 0.64 with the
+  asymmetric one, where the sparse heavy ball ends at 0.93. Fading the momentum alone gave up most of the gain
+  (MNIST shards 0.896 against 0.908). The asymmetry is a trust region's: shrink fast on evidence of overshoot,
+  grow back slowly (a symmetric rule let ``f`` random-walk back to 1 during a growing oscillation).
 
 With ρ = 0 and β = 0 this is top-k with error feedback. ``ratio = 1`` (``compression.down = "dense"``)
 applies the whole aggregate with the gain left at 1: plain FedAvg, and with ρ > 0 FedAvgM.
