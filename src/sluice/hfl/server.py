@@ -125,7 +125,7 @@ REPLAY_FALL = 4.0
 class ServerState:
     """What the server carries between rounds. ``params`` is float32 (the model clients hold); ``gain``
     is the adaptive step's gain and ``last_idx``/``last_sign`` the coordinates and signs of the last
-    step, which the next aggregate is compared with; ``replay_gain`` is the amplification of replayed
+    step, which the next aggregate is compared with; ``replay_gain`` is the factor f of replayed
     momentum (:func:`replay_step`)."""
 
     params: np.ndarray
