@@ -23,7 +23,7 @@ import pytest
 from sluice.compress.codecs import cast, error_feedback, keep_probabilities, make_uplink, randk, sample, to_dense, topk
 from sluice.config import load_config
 from sluice.hfl.config import CompressionConfig, HFLConfig
-from sluice.hfl.server import GAIN_BOUNDS, Server, adapt_gain, init_server, server_step
+from sluice.hfl.server import GAIN_BOUNDS, GAIN_EVIDENCE, Server, adapt_gain, init_server, server_step
 from sluice.wire.vector import DensePayload, decode, encode, float_values
 
 
@@ -254,10 +254,33 @@ def test_adaptive_gain_moves_only_beyond_a_fair_coins_standard_error() -> None:
         want = 3.0 * np.exp(beta * (agreeing / 20 - 0.5)) if moves else 3.0
         assert adapt_gain(state, answer, beta) == pytest.approx(want), agreeing
     few = g.copy()
-    few[idx[4:]] = 0  # 4 heard, all agreeing: A = 1 is beyond 1/(2*sqrt 4) = 0.25
+    few[idx[9:]] = 0  # 9 heard, all agreeing: A = 1 is beyond 1/(2*sqrt 9)
     assert adapt_gain(state, few, beta) == pytest.approx(3.0 * np.exp(beta / 2))
-    few[idx[1:4]] *= -1  # 1 of 4 agreeing: |0.25 - 0.5| = 0.25 is within it
+    few[idx[4:9]] *= -1  # 4 of 9 agreeing: |4/9 - 1/2| is within 1/6
     assert adapt_gain(state, few, beta) == 3.0
+
+
+def test_adaptive_gain_pools_rounds_that_hear_fewer_than_eight_coordinates() -> None:
+    """Two heard coordinates that both keep the step's sign are what a fair coin gives every fourth round: the
+    gain does not move on them but pools their counts with the next rounds' until 8 are heard, then moves once
+    on the pooled share (and starts pooling afresh)."""
+    d, beta = 400, 1.0
+    rng = np.random.default_rng(13)
+    state, _, _ = server_step(init_server(np.zeros(d, dtype=np.float32)), rng.normal(size=d), ratio=0.05,
+                              values="sign", adapt=beta)
+    state = replace(state, gain=3.0)
+    assert GAIN_EVIDENCE == 8
+    gains, pooled = [], []
+    for agreeing in (2, 2, 2, 2, 1, 1):  # two heard a round; the last two rounds split 1 to 1
+        g = 0.1 * rng.normal(size=d)
+        g[state.last_idx] = 0.0
+        g[state.last_idx[:2]] = state.last_sign[:2] * np.array([1, 1 if agreeing == 2 else -1])
+        state, _, _ = server_step(state, g, ratio=0.05, values="sign", adapt=beta)
+        gains.append(state.gain)
+        pooled.append(state.evidence)
+    assert gains[:3] == [3.0, 3.0, 3.0] and pooled[:3] == [(2, 2), (4, 4), (6, 6)]
+    assert gains[3] == pytest.approx(3.0 * np.exp(beta / 2)) and pooled[3] == (0, 0)  # 8 of 8 agreeing
+    assert gains[5] == gains[3] and pooled[5] == (2, 4)
 
 
 def test_adaptive_gain_scales_the_step_and_the_residual_keeps_the_aggregate_mass() -> None:
@@ -325,9 +348,17 @@ def test_dense_server_and_saved_state_keep_the_gain() -> None:
     from sluice.errors import WireError
     from sluice.hfl.state import pack, unpack
 
+    server.state = replace(server.state, evidence=(5, 6))  # pooled counts of rounds that heard few coordinates
+    assert Server.from_state_bytes(cfg, server.state_bytes()).state.evidence == (5, 6)
     tree = unpack(server.state_bytes())
     tree["last_idx"] = tree["last_idx"] + d  # coordinates the model does not have
     with pytest.raises(WireError, match="last step"):
         Server.from_state_bytes(cfg, pack(tree))
+    for evidence in ([7, 6], [-1, 2], [1.5, 2], [3]):
+        tree = unpack(server.state_bytes())
+        tree["evidence"] = evidence
+        with pytest.raises(WireError, match="evidence"):
+            Server.from_state_bytes(cfg, pack(tree))
+    server.state = replace(server.state, evidence=(0, 0))
     server.close_round()  # a round where nothing arrived keeps the gain and the last step
     assert server.state.gain == copy.state.gain and np.array_equal(server.state.last_idx, copy.state.last_idx)
