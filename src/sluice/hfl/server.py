@@ -65,9 +65,10 @@ Notation per round t, over the d model coordinates:
     counts to the next ones', and A is the share over the pooled rounds. A round that aggregates two uploads
     of 2 % of the coordinates hears about 2 of a 0.2 % step (Synthetic(1, 1) with 20 clients at q = 0.1),
     and there A is 0 or 1 by chance half of the time, so the gain moved by ``e^{±β/2}`` every other round and,
-    kept above 1 by its floor, drifted up on noise alone: over seeds 3–11 of that federation, gains of
-    2.7 pushed three models off (0.53, 0.07 and 0.33, the second to infinite weights) where the fixed step
-    ends at 0.78 to 0.91. Where every round hears 8 or more, nothing changes.
+    kept above 1 by its floor, drifted up on noise alone. Over seeds 3–11 of that federation it pushed three
+    models off (0.53, 0.07 and 0.33, where the fixed step ends at 0.78 to 0.91); on seed 6 two coin flips took
+    it from 1 to 2.7 near round 55 and the weights went to infinity by round 90. Where every round hears 8 or
+    more, nothing changes.
 * error feedback: ``e_t = a_t − (s_t − ρ·v_{t−1})/(η·G_t)`` on ``I_t`` and ``a_t`` elsewhere: the gradient
   part of the step leaves the residual, with its rounding error kept, so
   ``Σ_t (s_t − ρ·v_{t−1})/(η·G_t) + e_T = Σ_t g_t`` and nothing aggregated is ever lost, only delayed.
