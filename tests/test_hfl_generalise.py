@@ -23,7 +23,15 @@ import pytest
 from sluice.compress.codecs import cast, error_feedback, keep_probabilities, make_uplink, randk, sample, to_dense, topk
 from sluice.config import load_config
 from sluice.hfl.config import CompressionConfig, HFLConfig
-from sluice.hfl.server import GAIN_BOUNDS, GAIN_EVIDENCE, Server, adapt_gain, init_server, server_step
+from sluice.hfl.server import (
+    GAIN_BOUNDS,
+    GAIN_EVIDENCE,
+    GAIN_UPLOADS,
+    Server,
+    adapt_gain,
+    init_server,
+    server_step,
+)
 from sluice.wire.vector import DensePayload, decode, encode, float_values
 
 
@@ -275,12 +283,30 @@ def test_adaptive_gain_pools_rounds_that_hear_fewer_than_eight_coordinates() -> 
         g = 0.1 * rng.normal(size=d)
         g[state.last_idx] = 0.0
         g[state.last_idx[:2]] = state.last_sign[:2] * np.array([1, 1 if agreeing == 2 else -1])
-        state, _, _ = server_step(state, g, ratio=0.05, values="sign", adapt=beta)
+        state, _, _ = server_step(state, g, ratio=0.05, values="sign", adapt=beta, uploads=5)
         gains.append(state.gain)
         pooled.append(state.evidence)
-    assert gains[:3] == [3.0, 3.0, 3.0] and pooled[:3] == [(2, 2), (4, 4), (6, 6)]
-    assert gains[3] == pytest.approx(3.0 * np.exp(beta / 2)) and pooled[3] == (0, 0)  # 8 of 8 agreeing
-    assert gains[5] == gains[3] and pooled[5] == (2, 4)
+    assert gains[:3] == [3.0, 3.0, 3.0] and pooled[:3] == [(2, 2, 5), (4, 4, 10), (6, 6, 15)]
+    assert gains[3] == pytest.approx(3.0 * np.exp(beta / 2)) and pooled[3] == (0, 0, 0)  # 8 of 8 agreeing
+    assert gains[5] == gains[3] and pooled[5] == (2, 4, 10)
+
+
+def test_adaptive_gain_waits_for_the_answers_of_four_uploads() -> None:
+    """What one upload says at many coordinates is one client's answer: a round of two uploads whose aggregate
+    keeps the sign of all 20 stepped coordinates does not move the gain; the next such round brings the
+    answers to four and the gain moves on the 40 pooled coordinates."""
+    d, beta = 400, 1.0
+    rng = np.random.default_rng(14)
+    state, _, _ = server_step(init_server(np.zeros(d, dtype=np.float32)), rng.normal(size=d), ratio=0.05,
+                              values="sign", adapt=beta)
+    assert GAIN_UPLOADS == 4 and len(state.last_idx) == 20
+    state = replace(state, gain=2.0)
+    assert adapt_gain(state, _answer(state, rng, 1), beta, uploads=2) == 2.0
+    assert adapt_gain(state, _answer(state, rng, 1), beta, uploads=4) == pytest.approx(2.0 * np.exp(beta / 2))
+    state, _, _ = server_step(state, _answer(state, rng, 1), ratio=0.05, values="sign", adapt=beta, uploads=2)
+    assert state.gain == 2.0 and state.evidence == (20, 20, 2)
+    state, _, _ = server_step(state, _answer(state, rng, 1), ratio=0.05, values="sign", adapt=beta, uploads=2)
+    assert state.gain == pytest.approx(2.0 * np.exp(beta / 2)) and state.evidence == (0, 0, 0)
 
 
 def test_adaptive_gain_scales_the_step_and_the_residual_keeps_the_aggregate_mass() -> None:
@@ -348,17 +374,17 @@ def test_dense_server_and_saved_state_keep_the_gain() -> None:
     from sluice.errors import WireError
     from sluice.hfl.state import pack, unpack
 
-    server.state = replace(server.state, evidence=(5, 6))  # pooled counts of rounds that heard few coordinates
-    assert Server.from_state_bytes(cfg, server.state_bytes()).state.evidence == (5, 6)
+    server.state = replace(server.state, evidence=(5, 6, 2))  # pooled counts of rounds that heard few
+    assert Server.from_state_bytes(cfg, server.state_bytes()).state.evidence == (5, 6, 2)
     tree = unpack(server.state_bytes())
     tree["last_idx"] = tree["last_idx"] + d  # coordinates the model does not have
     with pytest.raises(WireError, match="last step"):
         Server.from_state_bytes(cfg, pack(tree))
-    for evidence in ([7, 6], [-1, 2], [1.5, 2], [3]):
+    for evidence in ([7, 6, 1], [-1, 2, 1], [1.5, 2, 1], [3, 4, -1], [3, 4]):
         tree = unpack(server.state_bytes())
         tree["evidence"] = evidence
         with pytest.raises(WireError, match="evidence"):
             Server.from_state_bytes(cfg, pack(tree))
-    server.state = replace(server.state, evidence=(0, 0))
+    server.state = replace(server.state, evidence=(0, 0, 0))
     server.close_round()  # a round where nothing arrived keeps the gain and the last step
     assert server.state.gain == copy.state.gain and np.array_equal(server.state.last_idx, copy.state.last_idx)

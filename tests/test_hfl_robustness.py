@@ -154,8 +154,8 @@ def test_default_trains_fedprox_synthetic_where_the_earlier_default_diverged() -
 def test_rounds_of_two_uploads_do_not_drive_the_gain_into_divergence() -> None:
     """Synthetic(1, 1) with 20 clients at q = 0.1, seed 6: a round aggregates two uploads and hears about 2 of
     the last step's coordinates. With the gain deciding on those, coin flips raised it to 2.7 near round 55 and
-    the weights went to infinity by round 90; pooled to 8 heard coordinates
-    (:data:`sluice.hfl.server.GAIN_EVIDENCE`) the model trains on."""
+    the weights went to infinity by round 90; pooled to 8 heard coordinates and 4 uploads
+    (:data:`sluice.hfl.server.GAIN_EVIDENCE`, :data:`sluice.hfl.server.GAIN_UPLOADS`) the model trains on."""
     ms = _run(['data.dataset="synthetic"', "data.synthetic_alpha=1", "data.synthetic_beta=1",
                "train.participation=0.1", "seed=6"], 90)
     assert all(math.isfinite(m["test_loss"]) for m in ms)

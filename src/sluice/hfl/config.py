@@ -65,8 +65,8 @@ class CompressionConfig(Section):
     down_adapt: float = Field(1.0, ge=0, le=10, description="rate beta of the adaptive server step (top-k): the "
                               "step's gain (1 to 10) is multiplied by exp(beta*(A - 1/2)) in a round where A, the "
                               "share of the n heard coordinates of the last step where the new aggregate has the "
-                              "step's sign, is more than 1/(2*sqrt(n)) from 1/2 (rounds that hear fewer than 8 "
-                              "coordinates pool their counts with the next ones'); 0: gain 1")
+                              "step's sign, is more than 1/(2*sqrt(n)) from 1/2 (rounds with fewer than 4 uploads or 8 "
+                              "heard coordinates pool their counts with the next ones'); 0: gain 1")
     momentum: float = Field(0.0, ge=0, lt=1, description="server momentum rho")
     momentum_replay: float = Field(0.4, ge=0, le=10, description="with momentum and a top-k server step: share of "
                                    "the output layer's coordinates whose innovation the server sends in a round "
