@@ -133,7 +133,7 @@ GAIN_EVIDENCE = 8
 """The adaptive step's gain decides on at least this many heard coordinates, pooling rounds until then."""
 
 GAIN_UPLOADS = 4
-"""... and on the answers of at least this many uploads."""
+"""The adaptive step's gain decides on the answers of at least this many uploads, pooling rounds until then."""
 
 REPLAY_FALL = 4.0
 """Replayed momentum's ``f`` falls this many times faster than it rises (:func:`replay_step`)."""
