@@ -13,7 +13,14 @@ shows accuracy against cumulative megabytes.
     .venv/bin/python bench/hfl_scenarios.py --peers --only 'digits momentum 0.9'   # the peers there too
 
 Runs are independent processes (``--jobs``, default: every core); results go to
-``bench/results/hfl_scenarios.{md,json,png}``.
+``bench/results/hfl_scenarios.{md,json,png}``. Each gap comes with its standard error over the seeds, every
+seed's gap paired with dense FedAvg's run of that seed. ``--merge`` runs nothing and tabulates result files of
+other seeds together:
+
+    .venv/bin/python bench/hfl_scenarios.py --seeds 3 --first-seed 3 --no-peers \
+        --out bench/results/hfl_scenarios_seeds_3_5
+    .venv/bin/python bench/hfl_scenarios.py --merge bench/results/hfl_scenarios.json \
+        bench/results/hfl_scenarios_seeds_3_5.json --out bench/results/hfl_scenarios_seeds_0_5
 """
 
 from __future__ import annotations
@@ -124,6 +131,70 @@ def summarise(runs: list[dict]) -> dict:
             "mb_total": statistics.fmean(r["bytes_total"] for r in runs) / 1e6, "num_params": runs[0]["num_params"]}
 
 
+def gap_se_points(runs: list[dict], base: list[dict]) -> float | None:
+    """Standard error, in points, of the mean gap of ``runs`` to ``base`` (dense FedAvg) over their common seeds,
+    each seed's gap paired with the base run of the same seed (the seed fixes data, partition, sampling and
+    initial model for both); None with fewer than 2 common seeds."""
+    dense = {r["seed"]: r["final_accuracy"] for r in base}
+    gaps = [r["final_accuracy"] - dense[r["seed"]] for r in runs if r["seed"] in dense]
+    return 100 * statistics.stdev(gaps) / len(gaps) ** 0.5 if len(gaps) > 1 else None
+
+
+def collect(runs: list[dict], with_peers: dict[str, bool]) -> dict[str, dict]:
+    """The per-scenario results of ``runs``: every method's summary, gap to dense FedAvg (and its standard
+    error), reduction and accuracy per MB, in the order scenarios and methods first appear."""
+    out: dict[str, dict] = {}
+    for scen in dict.fromkeys(r["scenario"] for r in runs):
+        by_method: dict[str, dict] = {}
+        for name in dict.fromkeys(r["method"] for r in runs if r["scenario"] == scen):
+            mine = [r for r in runs if r["scenario"] == scen and r["method"] == name]
+            by_method[name] = {**summarise(mine), "runs": mine}
+        base = by_method["dense FedAvg (fp32)"]
+        for m in by_method.values():
+            m["gap_points"] = 100 * (m["accuracy_mean"] - base["accuracy_mean"])
+            m["gap_se_points"] = gap_se_points(m["runs"], base["runs"])
+            m["gap_last10_points"] = 100 * (m["last10_mean"] - base["last10_mean"])
+            m["reduction_x"] = base["mb_total"] / m["mb_total"]
+            m["accuracy_per_mb"] = m["accuracy_mean"] / m["mb_total"]
+        out[scen] = {"methods": by_method, "peers": with_peers[scen]}
+    return out
+
+
+def merged_runs(paths: list[str]) -> tuple[list[dict], dict[str, bool], int, list[str]]:
+    """The runs of several result files of the same rounds and disjoint seeds, keeping in each scenario the
+    methods every file ran there; with which scenarios ran peers (in every file), the rounds and the files'
+    commands."""
+    files = [json.loads(Path(p).read_text()) for p in paths]
+    rounds = {f["rounds"] for f in files}
+    if len(rounds) != 1:
+        raise SystemExit(f"--merge: the files ran different numbers of rounds ({sorted(rounds)})")
+    scenarios = [s for s in files[0]["scenarios"] if all(s in f["scenarios"] for f in files)]
+    if not scenarios:
+        raise SystemExit("--merge: no scenario is in every file")
+    runs: list[dict] = []
+    for scen in scenarios:
+        methods_of = [f["scenarios"][scen]["methods"] for f in files]
+        for name in [m for m in methods_of[0] if all(m in ms for ms in methods_of)]:
+            mine = [r for ms in methods_of for r in ms[name]["runs"]]
+            seeds = [r["seed"] for r in mine]
+            if len(set(seeds)) != len(seeds):
+                raise SystemExit(f"--merge: seeds {sorted(seeds)} of {scen} / {name} repeat across the files")
+            runs += sorted(mine, key=lambda r: r["seed"])
+    with_peers = {s: all(f["scenarios"][s]["peers"] for f in files) for s in scenarios}
+    return runs, with_peers, rounds.pop(), [f["command"] for f in files]
+
+
+def seed_note(seeds: list[int]) -> str:
+    """``3 seeds`` for seeds 0, 1, 2; ``3 seeds, 3–5`` or ``4 seeds: 0, 2, 3, 7`` otherwise."""
+    s = sorted(set(seeds))
+    count = f"{len(s)} seed{'s' if len(s) > 1 else ''}"
+    if s == list(range(len(s))):
+        return count
+    if s == list(range(s[0], s[-1] + 1)):
+        return f"{count}, {s[0]}–{s[-1]}"
+    return f"{count}: {', '.join(map(str, s))}"
+
+
 def plot(results: dict, path: Path) -> bool:
     """Accuracy against cumulative MB for the scenarios run with peers; False when there is none."""
     import matplotlib
@@ -169,7 +240,31 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="an override for every method of every scenario, dense FedAvg's too (repeatable)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "hfl_scenarios"))
+    ap.add_argument("--merge", nargs="+", metavar="JSON",
+                    help="run nothing: tabulate the runs of these result files together (same rounds, other "
+                         "seeds), with the methods each scenario has in every file")
     args = ap.parse_args()
+    command = shlex.join(["python", "bench/hfl_scenarios.py", *sys.argv[1:]])
+    if args.merge:
+        runs, with_peers, rounds, sources = merged_runs(args.merge)
+    else:
+        runs, with_peers = run_suite(args)
+        rounds, sources = args.rounds, []
+    results: dict = {"rounds": rounds, "seeds": len({r["seed"] for r in runs}), "machine": platform.platform(),
+                     "python": platform.python_version(), "command": command, "merged": sources,
+                     "scenarios": collect(runs, with_peers)}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(results, indent=1))
+    plotted = plot(results, out.with_suffix(".png"))
+    text = render(results, sorted({r["seed"] for r in runs}),
+                  out.with_suffix(".png").name if plotted else None)
+    out.with_suffix(".md").write_text(text)
+    print(text, end="")
+
+
+def run_suite(args: argparse.Namespace) -> tuple[list[dict], dict[str, bool]]:
+    """Run the scenarios and methods ``args`` choose; return the runs and which scenarios ran the peers."""
     scenarios = dict(SCENARIOS)
     if args.quick:
         args.seeds, args.rounds = 1, 30
@@ -195,44 +290,37 @@ def main() -> None:
             print(f"{r['scenario'][:40]:40s} {r['method'][:38]:38s} seed {r['seed']}: acc "
                   f"{r['final_accuracy']:.4f}, {r['bytes_total'] / 1e6:8.3f} MB ({r['wall_seconds']:.0f} s)",
                   flush=True)
-    results: dict = {"rounds": args.rounds, "seeds": args.seeds, "machine": platform.platform(),
-                     "python": platform.python_version(),
-                     "command": shlex.join(["python", "bench/hfl_scenarios.py", *sys.argv[1:]]), "scenarios": {}}
-    for scen in scenarios:
-        by_method: dict[str, dict] = {}
-        for name in dict.fromkeys(r["method"] for r in runs if r["scenario"] == scen):
-            mine = [r for r in runs if r["scenario"] == scen and r["method"] == name]
-            by_method[name] = {**summarise(mine), "runs": mine}
-        base = by_method["dense FedAvg (fp32)"]
-        for m in by_method.values():
-            m["gap_points"] = 100 * (m["accuracy_mean"] - base["accuracy_mean"])
-            m["gap_last10_points"] = 100 * (m["last10_mean"] - base["last10_mean"])
-            m["reduction_x"] = base["mb_total"] / m["mb_total"]
-            m["accuracy_per_mb"] = m["accuracy_mean"] / m["mb_total"]
-        results["scenarios"][scen] = {"methods": by_method, "peers": with_peers[scen]}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(results, indent=1))
-    plotted = plot(results, out.with_suffix(".png"))
-    last = args.first_seed + args.seeds - 1
-    seed_note = f"{args.seeds} seeds" + (f", {args.first_seed}–{last}" if args.first_seed else "")
-    lines = [f"# HFL scenario suite ({args.rounds} rounds, {seed_note})", "",
+    return runs, with_peers
+
+
+def _gap(m: dict) -> str:
+    se = m.get("gap_se_points")
+    return f"{m['gap_points']:+.2f}" + ("" if se is None else f" ± {se:.2f}")
+
+
+def render(results: dict, seeds: list[int], plot_name: str | None) -> str:
+    """The markdown of ``results``: one line per scenario, then every method of the scenarios that ran more
+    than Sluice, its earlier default and dense FedAvg."""
+    sources = results.get("merged", [])
+    merged = f" Merged from: {'; '.join(f'`{c}`' for c in sources)}." if sources else ""
+    lines = [f"# HFL scenario suite ({results['rounds']} rounds, {seed_note(seeds)})", "",
              f"Machine: {results['machine']}, Python {results['python']}. Bytes: `len()` of every encoded "
-             "message, up + down. Gap: mean final accuracy minus dense FedAvg's, in points; last 10: the same "
-             "for the mean accuracy of the last 10 rounds. Reduction: dense FedAvg's total bytes over the "
-             f"method's. Command: `{results['command']}`.", "",
+             "message, up + down. Gap: mean final accuracy minus dense FedAvg's, in points, ± its standard error "
+             "over the seeds (each seed's gap paired with dense FedAvg's run of that seed, which shares its data, "
+             "sampling and initial model); last 10: the same for the mean accuracy of the last 10 rounds. "
+             "Reduction: dense FedAvg's total bytes over the method's. "
+             f"Command: `{results['command']}`.{merged}", "",
              "| scenario | d | dense FedAvg | Sluice | gap (points) | gap, last 10 | seeds (Sluice) | reduction × | "
              "earlier default: gap, seeds |", "|---|---|---|---|---|---|---|---|---|"]
     for scen, res in results["scenarios"].items():
         ms = res["methods"]
         dense, ours = ms["dense FedAvg (fp32)"], ms["Sluice"]
         prev = ms[PREVIOUS_NAME]
-        seeds = ", ".join(f"{a:.3f}" for a in ours["accuracies"])
+        ours_seeds = ", ".join(f"{a:.3f}" for a in ours["accuracies"])
         prev_seeds = ", ".join(f"{a:.3f}" for a in prev["accuracies"])
         lines.append(f"| {scen} | {ours['num_params']} | {dense['accuracy_mean']:.4f} | {ours['accuracy_mean']:.4f} | "
-                     f"{ours['gap_points']:+.2f} | {ours['gap_last10_points']:+.2f} | {seeds} | "
-                     f"{ours['reduction_x']:.1f} | "
-                     f"{prev['gap_points']:+.2f}: {prev_seeds} |")
+                     f"{_gap(ours)} | {ours['gap_last10_points']:+.2f} | {ours_seeds} | "
+                     f"{ours['reduction_x']:.1f} | {_gap(prev)}: {prev_seeds} |")
     for scen, res in results["scenarios"].items():
         if not res["peers"] and len(res["methods"]) <= 3:
             continue
@@ -240,14 +328,12 @@ def main() -> None:
                   "| method | accuracy | gap (points) | gap, last 10 | MB total | reduction × | accuracy per MB |",
                   "|---|---|---|---|---|---|---|"]
         for name, m in sorted(res["methods"].items(), key=lambda kv: -kv[1]["accuracy_per_mb"]):
-            lines.append(f"| {name} | {m['accuracy_mean']:.4f} ± {m['accuracy_sd']:.4f} | {m['gap_points']:+.2f} | "
+            lines.append(f"| {name} | {m['accuracy_mean']:.4f} ± {m['accuracy_sd']:.4f} | {_gap(m)} | "
                          f"{m['gap_last10_points']:+.2f} | "
                          f"{m['mb_total']:.3f} | {m['reduction_x']:.1f} | {m['accuracy_per_mb']:.3f} |")
-    if plotted:
-        lines += ["", f"Plot: `{out.with_suffix('.png').name}` (accuracy against cumulative MB, one curve per "
-                  "method)."]
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    if plot_name:
+        lines += ["", f"Plot: `{plot_name}` (accuracy against cumulative MB, one curve per method)."]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
