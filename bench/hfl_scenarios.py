@@ -257,8 +257,7 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(results, indent=1))
     plotted = plot(results, out.with_suffix(".png"))
-    text = render(results, sorted({r["seed"] for r in runs}),
-                  out.with_suffix(".png").name if plotted else None)
+    text = render(results, out.with_suffix(".png").name if plotted else None)
     out.with_suffix(".md").write_text(text)
     print(text, end="")
 
@@ -298,9 +297,10 @@ def _gap(m: dict) -> str:
     return f"{m['gap_points']:+.2f}" + ("" if se is None else f" ± {se:.2f}")
 
 
-def render(results: dict, seeds: list[int], plot_name: str | None) -> str:
+def render(results: dict, plot_name: str | None) -> str:
     """The markdown of ``results``: one line per scenario, then every method of the scenarios that ran more
     than Sluice, its earlier default and dense FedAvg."""
+    seeds = [r["seed"] for s in results["scenarios"].values() for m in s["methods"].values() for r in m["runs"]]
     sources = results.get("merged", [])
     merged = f" Merged from: {'; '.join(f'`{c}`' for c in sources)}." if sources else ""
     lines = [f"# HFL scenario suite ({results['rounds']} rounds, {seed_note(seeds)})", "",
