@@ -37,6 +37,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 DENSE = ["compression.up=\"dense\"", "compression.down=\"dense\"", "compression.downlink=\"dense\""]
+DENSE_NAME = "dense FedAvg (fp32)"
 PREVIOUS_NAME = "Sluice, earlier default (top-k int8)"
 PREVIOUS = ['compression.up="topk"', "compression.down_ratio=0.005", 'compression.down_values="int8"',
             "compression.down_adapt=0", "compression.momentum_replay=0"]
@@ -78,7 +79,7 @@ QUICK = ("default (digits Dir 0.3, 20 clients, q 0.25)", "synthetic-1-1")
 def methods(with_peers: bool) -> dict[str, tuple[list[str], str | None]]:
     """Display name -> (config overrides, peer name or None)."""
     out: dict[str, tuple[list[str], str | None]] = {
-        "dense FedAvg (fp32)": (DENSE, None),
+        DENSE_NAME: (DENSE, None),
         "Sluice": ([], None),
         PREVIOUS_NAME: (PREVIOUS, None),
     }
@@ -149,7 +150,7 @@ def collect(runs: list[dict], with_peers: dict[str, bool]) -> dict[str, dict]:
         for name in dict.fromkeys(r["method"] for r in runs if r["scenario"] == scen):
             mine = [r for r in runs if r["scenario"] == scen and r["method"] == name]
             by_method[name] = {**summarise(mine), "runs": mine}
-        base = by_method["dense FedAvg (fp32)"]
+        base = by_method[DENSE_NAME]
         for m in by_method.values():
             m["gap_points"] = 100 * (m["accuracy_mean"] - base["accuracy_mean"])
             m["gap_se_points"] = gap_se_points(m["runs"], base["runs"])
@@ -161,9 +162,10 @@ def collect(runs: list[dict], with_peers: dict[str, bool]) -> dict[str, dict]:
 
 
 def merged_runs(paths: list[str]) -> tuple[list[dict], dict[str, bool], int, list[str]]:
-    """The runs of several result files of the same rounds and disjoint seeds, keeping in each scenario the
-    methods every file ran there; with which scenarios ran peers (in every file), the rounds and the files'
-    commands."""
+    """The runs of several result files of the same rounds, in the scenarios every file has; a method is kept
+    where its runs, over the files, have exactly the seeds of dense FedAvg's (so files of other seeds, or a
+    file of variants only beside one of the same seeds with the baselines, merge). With which scenarios ran
+    peers (in every file), the rounds and the files' commands."""
     files = [json.loads(Path(p).read_text()) for p in paths]
     rounds = {f["rounds"] for f in files}
     if len(rounds) != 1:
@@ -173,13 +175,19 @@ def merged_runs(paths: list[str]) -> tuple[list[dict], dict[str, bool], int, lis
         raise SystemExit("--merge: no scenario is in every file")
     runs: list[dict] = []
     for scen in scenarios:
-        methods_of = [f["scenarios"][scen]["methods"] for f in files]
-        for name in [m for m in methods_of[0] if all(m in ms for ms in methods_of)]:
-            mine = [r for ms in methods_of for r in ms[name]["runs"]]
-            seeds = [r["seed"] for r in mine]
+        by_method: dict[str, list[dict]] = {}
+        for f in files:
+            for name, m in f["scenarios"][scen]["methods"].items():
+                by_method.setdefault(name, []).extend(m["runs"])
+        dense = sorted(r["seed"] for r in by_method.get(DENSE_NAME, []))
+        for name, mine in by_method.items():
+            seeds = sorted(r["seed"] for r in mine)
             if len(set(seeds)) != len(seeds):
-                raise SystemExit(f"--merge: seeds {sorted(seeds)} of {scen} / {name} repeat across the files")
-            runs += sorted(mine, key=lambda r: r["seed"])
+                raise SystemExit(f"--merge: seeds {seeds} of {scen} / {name} repeat across the files")
+            if seeds == dense:
+                runs += sorted(mine, key=lambda r: r["seed"])
+            else:
+                print(f"--merge: {scen} / {name} left out: seeds {seeds}, dense FedAvg's {dense}", file=sys.stderr)
     with_peers = {s: all(f["scenarios"][s]["peers"] for f in files) for s in scenarios}
     return runs, with_peers, rounds.pop(), [f["command"] for f in files]
 
@@ -239,6 +247,9 @@ def main() -> None:
                     help="also run Sluice with these overrides on every scenario (repeatable)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="an override for every method of every scenario, dense FedAvg's too (repeatable)")
+    ap.add_argument("--baselines", metavar="JSON",
+                    help="take every method but the variants from this result file (same rounds; it must hold "
+                         "the seeds asked for) instead of running them again")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "hfl_scenarios"))
     ap.add_argument("--merge", nargs="+", metavar="JSON",
                     help="run nothing: tabulate the runs of these result files together (same rounds, other "
@@ -276,13 +287,17 @@ def run_suite(args: argparse.Namespace) -> tuple[list[dict], dict[str, bool]]:
     with_peers = {scen: (bool(spec.get("peers")) or args.peers) and not args.no_peers
                   for scen, spec in scenarios.items()}
     variants = {name: (over.split(";"), None) for name, over in (v.split("=", 1) for v in args.variant)}
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    runs: list[dict] = []
+    if args.baselines:
+        runs = stored_runs(args.baselines, {scen: methods(with_peers[scen]) for scen in scenarios}, seeds,
+                           args.rounds)
     jobs = []
     for scen, spec in scenarios.items():
-        for name, (over, peer) in {**methods(with_peers[scen]), **variants}.items():
-            for seed in range(args.first_seed, args.first_seed + args.seeds):
+        for name, (over, peer) in {**({} if args.baselines else methods(with_peers[scen])), **variants}.items():
+            for seed in seeds:
                 jobs.append((scen, name, [*spec["over"], *args.set, *over], peer, seed, args.rounds))
     print(f"{len(jobs)} runs on {args.jobs} processes", flush=True)
-    runs: list[dict] = []
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         for r in pool.map(run_one, jobs):
             runs.append(r)
@@ -290,6 +305,24 @@ def run_suite(args: argparse.Namespace) -> tuple[list[dict], dict[str, bool]]:
                   f"{r['final_accuracy']:.4f}, {r['bytes_total'] / 1e6:8.3f} MB ({r['wall_seconds']:.0f} s)",
                   flush=True)
     return runs, with_peers
+
+
+def stored_runs(path: str, wanted: dict[str, dict], seeds: range, rounds: int) -> list[dict]:
+    """The runs of result file ``path`` of the methods ``wanted[scenario]`` and ``seeds``; exits naming what
+    the file lacks."""
+    f = json.loads(Path(path).read_text())
+    if f["rounds"] != rounds:
+        raise SystemExit(f"--baselines: {path} ran {f['rounds']} rounds, not {rounds}")
+    out, missing = [], []
+    for scen, names in wanted.items():
+        ms = f["scenarios"].get(scen, {}).get("methods", {})
+        for name in names:
+            have = {r["seed"]: r for r in ms.get(name, {}).get("runs", [])}
+            missing += [f"{scen} / {name} seed {s}" for s in seeds if s not in have]
+            out += [have[s] for s in seeds if s in have]
+    if missing:
+        raise SystemExit(f"--baselines: {path} lacks {len(missing)} runs, e.g. {missing[0]}")
+    return out
 
 
 def _gap(m: dict) -> str:
@@ -314,7 +347,7 @@ def render(results: dict, plot_name: str | None) -> str:
              "earlier default: gap, seeds |", "|---|---|---|---|---|---|---|---|---|"]
     for scen, res in results["scenarios"].items():
         ms = res["methods"]
-        dense, ours = ms["dense FedAvg (fp32)"], ms["Sluice"]
+        dense, ours = ms[DENSE_NAME], ms["Sluice"]
         prev = ms[PREVIOUS_NAME]
         ours_seeds = ", ".join(f"{a:.3f}" for a in ours["accuracies"])
         prev_seeds = ", ".join(f"{a:.3f}" for a in prev["accuracies"])

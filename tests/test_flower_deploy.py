@@ -2,7 +2,7 @@
 
 One 3-node deployment serves the run compared with the simulator (same numbers, round by round) and the
 fault run (a node killed mid-run is dropped, its restarted node is resynchronised with a dense message), both
-with server momentum replayed by the nodes;
+with server momentum replayed by the nodes (and, in the first, uploads sized by the terminals' weights);
 ``sluice run --runtime flower`` itself runs a job whose termination criterion fires at the first round and
 must leave no Flower process behind. Every process started here is stopped in a finalizer.
 """
@@ -76,8 +76,9 @@ def test_three_tls_nodes_give_the_simulators_numbers(deployment: LocalDeployment
     from sluice.hfl import HFLEngine
 
     assert deployment.certs is not None and deployment.certs.ca.exists()  # TLS: the nodes verify the link
-    # with server momentum, which the nodes replay on the output layer from the velocity in their context
-    job = load_job("hfl", None, [*TINY, "train.rounds=3", *REPLAYED])
+    # with server momentum, which the nodes replay on the output layer from the velocity in their context, and
+    # uploads sized by the terminals' weights, which the server sends with each message
+    job = load_job("hfl", None, [*TINY, "train.rounds=3", *REPLAYED, "compression.up_by_weight=0.5"])
     out = tmp_path / "run"
     _submit(deployment, job, out, **{"round-timeout": 120.0})
     report = _wait_report(out, 200)

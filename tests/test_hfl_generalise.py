@@ -388,3 +388,78 @@ def test_dense_server_and_saved_state_keep_the_gain() -> None:
     server.state = replace(server.state, evidence=(0, 0, 0))
     server.close_round()  # a round where nothing arrived keeps the gain and the last step
     assert server.state.gain == copy.state.gain and np.array_equal(server.state.last_idx, copy.state.last_idx)
+
+
+def test_upload_budget_by_weight_keeps_the_round_budget_and_follows_the_weights() -> None:
+    """k_c/d = up_ratio·((1 − a) + a·M·w_c): the round still sends M·up_ratio·d coordinates in expectation,
+    the even part is shared alike, the rest follows the aggregation weights; each upload keeps at least a
+    coordinate and at most all of them."""
+    sizes = [10, 30, 60, 900]
+    even = CompressionConfig()
+    assert even.up_by_weight == 0 and even.up_shares(sizes) == [0.02] * 4
+    for a in (0.5, 1.0):
+        shares = CompressionConfig(up_by_weight=a).up_shares(sizes)
+        assert sum(shares) == pytest.approx(4 * 0.02)
+        for n, share in zip(sizes, shares, strict=True):
+            assert share == pytest.approx(0.02 * ((1 - a) + a * 4 * n / 1000))
+    assert CompressionConfig(up_by_weight=1.0).up_shares([0, 100]) == [pytest.approx(1e-9), 0.04]
+    assert CompressionConfig(up_ratio=0.5, up_by_weight=1.0).up_shares([1, 99, 900]) == [
+        pytest.approx(0.0015), pytest.approx(0.1485), 1.0]
+    with pytest.raises(ValueError, match="up_by_weight"):
+        CompressionConfig(up="dense", up_by_weight=0.5)
+
+
+def test_weighted_upload_budget_cuts_the_aggregate_error_by_meff_over_m() -> None:
+    """Sampled uploads of clients whose weights differ: at the same total budget, k_c ∝ w_c brings the error
+    of the weighted aggregate Σ w_c·x̂_c down to about M_eff/M of the even split's (here 0.30), and the half
+    and half split in between."""
+    d, sizes = 4000, [400, 60, 25, 10, 5]
+    w = np.asarray(sizes) / sum(sizes)
+    meff_over_m = 1 / (w**2).sum() / len(sizes)
+    rng = np.random.default_rng(0)
+    xs = [rng.normal(size=d) for _ in sizes]
+    truth = sum(wc * x for wc, x in zip(w, xs, strict=True))
+
+    def error(a: float) -> float:
+        shares = CompressionConfig(up_by_weight=a).up_shares(sizes)
+        stages = [sample(share) for share in shares]
+        draw = np.random.default_rng(1)
+        errs = []
+        for _ in range(40):
+            est = sum(wc * to_dense(st.update(x, st.init(d), draw)[0])
+                      for wc, x, st in zip(w, xs, stages, strict=True))
+            errs.append(float(np.sum((est - truth) ** 2)))
+        return float(np.mean(errs))
+
+    even, half, full = error(0.0), error(0.5), error(1.0)
+    assert full < 1.25 * meff_over_m * even
+    assert full < half < even
+
+
+def test_simulator_gives_each_upload_the_budget_of_its_weight() -> None:
+    """With up_by_weight the engine hands each sampled client its k/d from the round's sample counts: the
+    coordinates of every upload follow its share (the sample stage keeps k in expectation), the round's total
+    stays that of the even split."""
+    from sluice.hfl import HFLEngine
+
+    def uploads(a: float) -> list[tuple[float, int, float]]:
+        """(weight, coordinates sent, expected coordinates) of each upload of the first round."""
+        got: list[tuple[float, int]] = []
+
+        class Recording(Server):
+            def receive(self, client: int, upload: bytes, weight: float) -> None:
+                got.append((weight, int(np.count_nonzero(to_dense(decode(upload))))))
+                super().receive(client, upload, weight)
+
+        cfg = load_config(None, [f"compression.up_by_weight={a}", "train.local_epochs=1"], HFLConfig)
+        engine = HFLEngine(cfg, server_cls=Recording)
+        engine.iterate()
+        shares = cfg.compression.up_shares([wt for wt, _ in got])
+        return [(wt, nnz, share * engine.num_params) for (wt, nnz), share in zip(got, shares, strict=True)]
+
+    even, weighted = uploads(0.0), uploads(0.5)
+    assert [wt for wt, _, _ in even] == [wt for wt, _, _ in weighted]  # the same clients, the same weights
+    assert len({round(k) for _, _, k in even}) == 1 and len({round(k) for _, _, k in weighted}) > 3
+    for _, nnz, k in [*even, *weighted]:
+        assert abs(nnz - k) < 0.15 * k
+    assert sum(n for _, n, _ in weighted) == pytest.approx(sum(n for _, n, _ in even), rel=0.1)

@@ -173,7 +173,7 @@ def train(msg: Message, context: Context) -> Message:
     if bool(meta["fail"]):  # simulated failure: it received the model, then failed before uploading
         client.sync(down)
     else:
-        upload = client.train(down, X, y, int(meta["round"]))
+        upload = client.train(down, X, y, int(meta["round"]), up_ratio=float(meta["up-ratio"]))
         reply[P.RECORD] = ArrayRecord({"up": _bytes(upload)})
     model_round = int(meta["model-round"])
     context.state[P.STATE_RECORD] = ArrayRecord({"state": _bytes(client.state_bytes())})

@@ -5,7 +5,9 @@ the same way (``numpy.random.default_rng(seed)``: ``choice`` of ``m = max(1, rou
 ``m`` uniform draws for simulated failures), so a deployment whose nodes all answer gives, round by round,
 the accuracy and the Sluice bytes of ``sluice run``. Only the transport differs: each sampled terminal's
 downlink message goes to the Flower node whose ``partition-id`` is that terminal, in its own Flower
-message, and the uploads come back as replies (:mod:`sluice.flower.protocol`).
+message, and the uploads come back as replies (:mod:`sluice.flower.protocol`). With
+``compression.up_by_weight`` the k/d of each upload follows the sample counts the nodes report (those of
+the server's copy of the partition until a node has answered).
 
 Faults:
 
@@ -84,6 +86,7 @@ class FlowerEngine(ServerModel, Suspendable):
         self._resync: set[int] = set()  # terminals whose next message must be dense
         self._sent: dict[int, tuple[int, int]] = {}  # terminal -> (model round, anchor round) it was sent
         self._pending: dict[int, list[tuple[int, bytes]]] = {}  # terminal -> anchor broadcasts not yet sent
+        self._examples: dict[int, int] = {}  # terminal -> training samples its node last reported
         self.refused: dict[int, str] = {}  # node id -> why it cannot serve a terminal of this job
         self._suspended = False
 
@@ -193,6 +196,7 @@ class FlowerEngine(ServerModel, Suspendable):
             if not 0 <= c < self.n:
                 continue  # a node outside this federation's terminals takes no part
             self._node_of[c] = nid
+            self._examples[c] = int(meta["num-examples"])
             held = (int(meta["model-round"]), int(meta["anchor-round"]))
             if held != self._sent.get(c, (0, 0)) and self._mode_keeps_state():
                 self._resync.add(c)
@@ -231,8 +235,10 @@ class FlowerEngine(ServerModel, Suspendable):
         bytes_up = bytes_down = flower_up = flower_down = 0
         dropped = resynced = 0
         anchor_mode = cfg.compression.downlink == "anchor"
+        shares = cfg.compression.up_shares([self._examples.get(c, len(self.data.clients[c][1]))
+                                            for c in sampled.tolist()])
         out: list[tuple[int, Any]] = []
-        for c, fails in zip(sampled.tolist(), failed.tolist(), strict=True):
+        for c, fails, share in zip(sampled.tolist(), failed.tolist(), shares, strict=True):
             down = server.message(c)
             node = self._node_of.get(c)
             if node is None:  # no node serves this terminal now: nothing is sent
@@ -255,7 +261,7 @@ class FlowerEngine(ServerModel, Suspendable):
             arrays.update({f"anchor-{i}": _uint8(b) for i, (_, b) in enumerate(pending)})
             meta = {"round": rnd, "terminal": c, "model-round": server.round, "base-round": base[0],
                     "anchor-round": base[1], "anchor-rounds": [r for r, _ in pending] or [0],
-                    "anchors": len(pending), "fail": bool(fails), "resync": resync,
+                    "anchors": len(pending), "fail": bool(fails), "resync": resync, "up-ratio": share,
                     "trainable": -1 if self._trainable is None else self._trainable}
             msg = Message(RecordDict({P.RECORD: ArrayRecord(arrays), P.META: ConfigRecord(meta)}), node,
                           MessageType.TRAIN, ttl=max(self.round_timeout_s, 1.0), group_id=str(rnd))
@@ -277,6 +283,7 @@ class FlowerEngine(ServerModel, Suspendable):
                 continue
             upload = arrays["up"].data
             weight = float(meta["num-examples"])
+            self._examples[c] = int(weight)
             bytes_up += len(upload)
             server.receive(c, upload, weight)
             weights.append(weight)

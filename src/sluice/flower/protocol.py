@@ -9,7 +9,8 @@ the Sluice byte count) and a few integers beside them:
   (the server rounds the message brings the node to), ``base-round`` and ``anchor-round`` (the model and
   anchor rounds the server believes the node holds, checked by the node), ``anchor-rounds`` (the rounds of
   the anchors sent), ``fail`` (simulated failure: sync, then upload nothing), ``resync`` (the message is a
-  dense resynchronisation) and ``trainable`` (layers to train, -1 for all);
+  dense resynchronisation), ``trainable`` (layers to train, -1 for all) and ``up-ratio`` (k/d of the
+  upload, :meth:`sluice.hfl.config.CompressionConfig.up_shares`);
 * uplink (the reply): array record ``sluice`` with ``up`` (the Sluice upload; absent for a simulated
   failure); config record ``sluice-meta`` with ``terminal``, ``model-round``, ``anchor-round``,
   ``num-examples`` and ``train-loss``;

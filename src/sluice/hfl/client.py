@@ -143,12 +143,18 @@ class Client:
                             f"{self.cfg.compression.downlink!r}")
         self._anchor, self._anchor_velocity = apply_downlink(self.anchor, self._anchor_velocity, broadcast)
 
-    def train(self, server_message: bytes, X: np.ndarray, y: np.ndarray, round: int) -> bytes:
-        """Sync to the server model, train on (X, y) and return the encoded upload of round ``round``."""
+    def train(self, server_message: bytes, X: np.ndarray, y: np.ndarray, round: int,
+              up_ratio: float | None = None) -> bytes:
+        """Sync to the server model, train on (X, y) and return the encoded upload of round ``round``, of
+        ``up_ratio`` (k/d the server gave this upload, :meth:`CompressionConfig.up_shares`; None:
+        ``compression.up_ratio``)."""
         delta = self.local_update(self.sync(server_message), X, y, round)
-        state = self.uplink_state if self.uplink_state is not None else self.uplink.init(delta.shape[0])
+        uplink = self.uplink
+        if up_ratio is not None and up_ratio != self.cfg.compression.up_ratio:
+            uplink = make_uplink(self.cfg.compression.model_copy(update={"up_ratio": float(up_ratio)}))
+        state = self.uplink_state if self.uplink_state is not None else uplink.init(delta.shape[0])
         rng = np.random.default_rng([self.cfg.seed, round, self.client_id])
-        buf, self.uplink_state = self.uplink.encode(delta, state, rng)
+        buf, self.uplink_state = uplink.encode(delta, state, rng)
         return buf
 
     def local_update(self, held: np.ndarray, X: np.ndarray, y: np.ndarray, round: int) -> np.ndarray:

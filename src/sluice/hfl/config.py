@@ -46,6 +46,10 @@ class CompressionConfig(Section):
                             "(with a per-message scale) for other compressed ones; sign = one bit per value "
                             "times the mean magnitude"
     )
+    up_by_weight: float = Field(0.0, ge=0, le=1, description="share of a round's uplink budget (up_ratio times "
+                                "the sampled clients) given out in proportion to the sampled clients' aggregation "
+                                "weights n_c / sum n; the rest is split evenly (randk, topk, sample); 0: every "
+                                "upload gets up_ratio")
     up_feedback: bool = Field(True, description="keep what an upload left out (top-k) or rounded (rand-k, "
                                                 "sample) in the client's residual and send it with its next "
                                                 "upload")
@@ -76,6 +80,26 @@ class CompressionConfig(Section):
                                    "rest of the model")
     downlink: Literal["dense", "initial", "per-client", "anchor"] = "per-client"
     anchor_every: int = Field(10, ge=1)
+
+    @model_validator(mode="after")
+    def _weighted_uploads_are_sparse(self) -> CompressionConfig:
+        if self.up_by_weight > 0 and self.up not in ("randk", "topk", "sample"):
+            raise ValueError(f"compression.up_by_weight sizes randk, topk and sample uploads; up is {self.up!r}")
+        return self
+
+    def up_shares(self, sizes: list[float]) -> list[float]:
+        """k/d of each upload in a round whose sampled clients hold ``sizes`` samples (their aggregation
+        weights): ``up_ratio·((1 − a) + a·M·n_c/Σn)`` with ``a = up_by_weight`` and M clients, at most 1.
+
+        The round's expected budget stays ``M·up_ratio``. The aggregate of sampled uploads has variance
+        ``Σ w_c²·V_c/k_c`` (``V_c`` the spread of client c's update); at equal ``V_c`` it is smallest at
+        ``k_c ∝ w_c``, which cuts it by ``M_eff/M`` (``M_eff = 1/Σ w_c²``) where the clients' sizes differ
+        (an upload keeps at least one coordinate). The even part keeps the clients that weigh little from
+        waiting on a residual that grows stale."""
+        a, total, m = self.up_by_weight, float(sum(sizes)), len(sizes)
+        if a == 0 or total <= 0:
+            return [self.up_ratio] * m
+        return [min(1.0, max(1e-9, self.up_ratio * ((1 - a) + a * m * float(n) / total))) for n in sizes]
 
     def replay_share(self, uploads: int, clients: int) -> float:
         """Share of the output layer's coordinates in a round's innovation of replayed momentum, in a round

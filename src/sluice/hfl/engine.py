@@ -3,9 +3,10 @@
 The simulator owns no part of the algorithm. Every round it samples a fraction q of the clients (with
 ``numpy.random.default_rng(seed)``: ``choice`` of ``m = max(1, round(q·n))`` clients, then ``m`` uniform
 draws, a client failing mid-round when its draw is below ``dropout``), hands each sampled client the
-server's message for it, maps the client half over them (a failed client receives its message and
-uploads nothing), passes the uploads to the server with the client's sample count as weight, closes the
-round, delivers the anchor broadcast to every client when there is one, and evaluates the server model
+server's message for it (with ``compression.up_by_weight``, also its upload's k/d, from the sample
+counts of the round's sampled clients), maps the client half over them (a failed client receives its
+message and uploads nothing), passes the uploads to the server with the client's sample count as weight,
+closes the round, delivers the anchor broadcast to every client when there is one, and evaluates the server model
 on the test set. Bytes counted are ``len()`` of the messages exchanged (an anchor broadcast once per
 client). A networked runtime drives the same two halves; only the transport differs.
 
@@ -294,6 +295,10 @@ class HFLEngine(ServerModel, Suspendable):
         failed = self._rng.random(m) < tr.dropout
         bytes_up = bytes_down = 0
         weights, losses = [], []
+        budget = {}  # k/d per upload, only when the budget follows the clients' weights
+        if self.cfg.compression.up_by_weight > 0:
+            shares = self.cfg.compression.up_shares([len(data.clients[c][1]) for c in sampled.tolist()])
+            budget = {c: {"up_ratio": r} for c, r in zip(sampled.tolist(), shares, strict=True)}
         for c, fails in zip(sampled.tolist(), failed.tolist(), strict=True):
             msg = server.message(c)
             bytes_down += len(msg)
@@ -302,7 +307,7 @@ class HFLEngine(ServerModel, Suspendable):
                 client.sync(msg)
                 continue
             X, y = data.clients[c]
-            upload = client.train(msg, X, y, rnd)
+            upload = client.train(msg, X, y, rnd, **budget.get(c, {}))
             bytes_up += len(upload)
             server.receive(c, upload, float(len(y)))
             weights.append(float(len(y)))
