@@ -39,11 +39,11 @@ from pathlib import Path
 DENSE = ["compression.up=\"dense\"", "compression.down=\"dense\"", "compression.downlink=\"dense\""]
 DENSE_NAME = "dense FedAvg (fp32)"
 PREVIOUS_NAME = "Sluice, earlier default (top-k int8)"
-PREVIOUS = ['compression.up="topk"', "compression.down_ratio=0.005", 'compression.down_values="int8"',
-            "compression.down_adapt=0", "compression.momentum_replay=0"]
+PREVIOUS = ['compression.up="topk"', "compression.up_by_weight=0", "compression.down_ratio=0.005",
+            'compression.down_values="int8"', "compression.down_adapt=0", "compression.momentum_replay=0"]
 """Sluice's earlier default: top-k uploads of int8 values with a client residual and a fixed top-k of 0.5 %
 of the coordinates per round at the server, as int8 steps of a fixed gain (under today's server step,
-whose momentum is the sparse heavy ball, with no replay on the output layer)."""
+whose momentum is the sparse heavy ball, with no replay on the output layer, every upload of the same size)."""
 
 
 def synthetic(alpha: float, beta: float) -> list[str]:
@@ -133,7 +133,8 @@ def summarise(runs: list[dict]) -> dict:
 
 
 def gap_se_points(runs: list[dict], base: list[dict]) -> float | None:
-    """Standard error, in points, of the mean gap of ``runs`` to ``base`` (dense FedAvg) over their common seeds,
+    """Standard error, in points, of the mean gap of ``runs`` to ``base`` (dense FedAvg, or Sluice) over their
+    common seeds,
     each seed's gap paired with the base run of the same seed (the seed fixes data, partition, sampling and
     initial model for both); None with fewer than 2 common seeds."""
     dense = {r["seed"]: r["final_accuracy"] for r in base}
@@ -150,10 +151,12 @@ def collect(runs: list[dict], with_peers: dict[str, bool]) -> dict[str, dict]:
         for name in dict.fromkeys(r["method"] for r in runs if r["scenario"] == scen):
             mine = [r for r in runs if r["scenario"] == scen and r["method"] == name]
             by_method[name] = {**summarise(mine), "runs": mine}
-        base = by_method[DENSE_NAME]
+        base, ours = by_method[DENSE_NAME], by_method["Sluice"]
         for m in by_method.values():
             m["gap_points"] = 100 * (m["accuracy_mean"] - base["accuracy_mean"])
             m["gap_se_points"] = gap_se_points(m["runs"], base["runs"])
+            m["change_points"] = 100 * (m["accuracy_mean"] - ours["accuracy_mean"])
+            m["change_se_points"] = gap_se_points(m["runs"], ours["runs"])
             m["gap_last10_points"] = 100 * (m["last10_mean"] - base["last10_mean"])
             m["reduction_x"] = base["mb_total"] / m["mb_total"]
             m["accuracy_per_mb"] = m["accuracy_mean"] / m["mb_total"]
@@ -248,8 +251,9 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="an override for every method of every scenario, dense FedAvg's too (repeatable)")
     ap.add_argument("--baselines", metavar="JSON",
-                    help="take every method but the variants from this result file (same rounds; it must hold "
-                         "the seeds asked for) instead of running them again")
+                    help="take the methods Sluice is compared with (dense FedAvg, its earlier default, the "
+                         "published methods) from this result file (same rounds; it must hold the seeds asked "
+                         "for) instead of running them again; Sluice and the variants run")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "hfl_scenarios"))
     ap.add_argument("--merge", nargs="+", metavar="JSON",
                     help="run nothing: tabulate the runs of these result files together (same rounds, other "
@@ -290,11 +294,12 @@ def run_suite(args: argparse.Namespace) -> tuple[list[dict], dict[str, bool]]:
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     runs: list[dict] = []
     if args.baselines:
-        runs = stored_runs(args.baselines, {scen: methods(with_peers[scen]) for scen in scenarios}, seeds,
-                           args.rounds)
+        runs = stored_runs(args.baselines, {scen: [m for m in methods(with_peers[scen]) if m != "Sluice"]
+                                            for scen in scenarios}, seeds, args.rounds)
     jobs = []
     for scen, spec in scenarios.items():
-        for name, (over, peer) in {**({} if args.baselines else methods(with_peers[scen])), **variants}.items():
+        run = {name: m for name, m in methods(with_peers[scen]).items() if not args.baselines or name == "Sluice"}
+        for name, (over, peer) in {**run, **variants}.items():
             for seed in seeds:
                 jobs.append((scen, name, [*spec["over"], *args.set, *over], peer, seed, args.rounds))
     print(f"{len(jobs)} runs on {args.jobs} processes", flush=True)
@@ -325,9 +330,9 @@ def stored_runs(path: str, wanted: dict[str, dict], seeds: range, rounds: int) -
     return out
 
 
-def _gap(m: dict) -> str:
-    se = m.get("gap_se_points")
-    return f"{m['gap_points']:+.2f}" + ("" if se is None else f" ± {se:.2f}")
+def _gap(m: dict, key: str = "gap") -> str:
+    se = m.get(f"{key}_se_points")
+    return f"{m[f'{key}_points']:+.2f}" + ("" if se is None else f" ± {se:.2f}")
 
 
 def render(results: dict, plot_name: str | None) -> str:
@@ -340,8 +345,8 @@ def render(results: dict, plot_name: str | None) -> str:
              f"Machine: {results['machine']}, Python {results['python']}. Bytes: `len()` of every encoded "
              "message, up + down. Gap: mean final accuracy minus dense FedAvg's, in points, ± its standard error "
              "over the seeds (each seed's gap paired with dense FedAvg's run of that seed, which shares its data, "
-             "sampling and initial model); last 10: the same for the mean accuracy of the last 10 rounds. "
-             "Reduction: dense FedAvg's total bytes over the method's. "
+             "sampling and initial model); last 10: the same for the mean accuracy of the last 10 rounds; against "
+             "Sluice: the same against Sluice's runs. Reduction: dense FedAvg's total bytes over the method's. "
              f"Command: `{results['command']}`.{merged}", "",
              "| scenario | d | dense FedAvg | Sluice | gap (points) | gap, last 10 | seeds (Sluice) | reduction × | "
              "earlier default: gap, seeds |", "|---|---|---|---|---|---|---|---|---|"]
@@ -358,11 +363,11 @@ def render(results: dict, plot_name: str | None) -> str:
         if not res["peers"] and len(res["methods"]) <= 3:
             continue
         lines += ["", f"## {scen}: every method", "",
-                  "| method | accuracy | gap (points) | gap, last 10 | MB total | reduction × | accuracy per MB |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| method | accuracy | gap (points) | gap, last 10 | against Sluice (points) | MB total | "
+                  "reduction × | accuracy per MB |", "|---|---|---|---|---|---|---|---|"]
         for name, m in sorted(res["methods"].items(), key=lambda kv: -kv[1]["accuracy_per_mb"]):
             lines.append(f"| {name} | {m['accuracy_mean']:.4f} ± {m['accuracy_sd']:.4f} | {_gap(m)} | "
-                         f"{m['gap_last10_points']:+.2f} | "
+                         f"{m['gap_last10_points']:+.2f} | {_gap(m, 'change')} | "
                          f"{m['mb_total']:.3f} | {m['reduction_x']:.1f} | {m['accuracy_per_mb']:.3f} |")
     if plot_name:
         lines += ["", f"Plot: `{plot_name}` (accuracy against cumulative MB, one curve per method)."]

@@ -395,8 +395,8 @@ def test_upload_budget_by_weight_keeps_the_round_budget_and_follows_the_weights(
     the even part is shared alike, the rest follows the aggregation weights; each upload keeps at least a
     coordinate and at most all of them."""
     sizes = [10, 30, 60, 900]
-    even = CompressionConfig()
-    assert even.up_by_weight == 0 and even.up_shares(sizes) == [0.02] * 4
+    assert CompressionConfig().up_by_weight == 0.5  # the default: half of the budget by weight
+    assert CompressionConfig(up_by_weight=0).up_shares(sizes) == [0.02] * 4
     for a in (0.5, 1.0):
         shares = CompressionConfig(up_by_weight=a).up_shares(sizes)
         assert sum(shares) == pytest.approx(4 * 0.02)
@@ -405,8 +405,9 @@ def test_upload_budget_by_weight_keeps_the_round_budget_and_follows_the_weights(
     assert CompressionConfig(up_by_weight=1.0).up_shares([0, 100]) == [pytest.approx(1e-9), 0.04]
     assert CompressionConfig(up_ratio=0.5, up_by_weight=1.0).up_shares([1, 99, 900]) == [
         pytest.approx(0.0015), pytest.approx(0.1485), 1.0]
-    with pytest.raises(ValueError, match="up_by_weight"):
-        CompressionConfig(up="dense", up_by_weight=0.5)
+    for up in ("dense", "sketch"):  # uploads without a share of the coordinates
+        cfg = CompressionConfig(up=up, up_by_weight=0.5)
+        assert not cfg.weighted_uploads and cfg.up_shares(sizes) == [0.02] * 4
 
 
 def test_weighted_upload_budget_cuts_the_aggregate_error_by_meff_over_m() -> None:

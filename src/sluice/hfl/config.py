@@ -1,7 +1,8 @@
 """Configuration of horizontal FL (``sluice run``): data, model, local training and compression.
 
 Every option has a default that runs: digits split by Dirichlet(0.3) over 20 clients, q = 0.25,
-unbiased sampled uploads of 2 % of the coordinates with sign values, server top-k with error feedback
+unbiased sampled uploads of 2 % of the coordinates a client on average (half of a round's budget split
+evenly, half by the clients' aggregation weights) with sign values, server top-k with error feedback
 (0.5 % of the coordinates in a round that aggregates 5 uploads of 20 clients, steps of one sign bit a
 value) and a per-client sparse downlink. ``train.rounds`` is the default iteration limit of a job;
 ``[termination] iterations`` replaces it when given."""
@@ -46,7 +47,7 @@ class CompressionConfig(Section):
                             "(with a per-message scale) for other compressed ones; sign = one bit per value "
                             "times the mean magnitude"
     )
-    up_by_weight: float = Field(0.0, ge=0, le=1, description="share of a round's uplink budget (up_ratio times "
+    up_by_weight: float = Field(0.5, ge=0, le=1, description="share of a round's uplink budget (up_ratio times "
                                 "the sampled clients) given out in proportion to the sampled clients' aggregation "
                                 "weights n_c / sum n; the rest is split evenly (randk, topk, sample); 0: every "
                                 "upload gets up_ratio")
@@ -81,11 +82,10 @@ class CompressionConfig(Section):
     downlink: Literal["dense", "initial", "per-client", "anchor"] = "per-client"
     anchor_every: int = Field(10, ge=1)
 
-    @model_validator(mode="after")
-    def _weighted_uploads_are_sparse(self) -> CompressionConfig:
-        if self.up_by_weight > 0 and self.up not in ("randk", "topk", "sample"):
-            raise ValueError(f"compression.up_by_weight sizes randk, topk and sample uploads; up is {self.up!r}")
-        return self
+    @property
+    def weighted_uploads(self) -> bool:
+        """Whether the uploads are sized by weight: ``up_by_weight > 0`` with randk, topk or sample uploads."""
+        return self.up_by_weight > 0 and self.up in ("randk", "topk", "sample")
 
     def up_shares(self, sizes: list[float]) -> list[float]:
         """k/d of each upload in a round whose sampled clients hold ``sizes`` samples (their aggregation
@@ -97,7 +97,7 @@ class CompressionConfig(Section):
         (an upload keeps at least one coordinate). The even part keeps the clients that weigh little from
         waiting on a residual that grows stale."""
         a, total, m = self.up_by_weight, float(sum(sizes)), len(sizes)
-        if a == 0 or total <= 0:
+        if not self.weighted_uploads or total <= 0:
             return [self.up_ratio] * m
         return [min(1.0, max(1e-9, self.up_ratio * ((1 - a) + a * m * float(n) / total))) for n in sizes]
 

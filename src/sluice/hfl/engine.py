@@ -296,7 +296,7 @@ class HFLEngine(ServerModel, Suspendable):
         bytes_up = bytes_down = 0
         weights, losses = [], []
         budget = {}  # k/d per upload, only when the budget follows the clients' weights
-        if self.cfg.compression.up_by_weight > 0:
+        if self.cfg.compression.weighted_uploads:
             shares = self.cfg.compression.up_shares([len(data.clients[c][1]) for c in sampled.tolist()])
             budget = {c: {"up_ratio": r} for c, r in zip(sampled.tolist(), shares, strict=True)}
         for c, fails in zip(sampled.tolist(), failed.tolist(), strict=True):

@@ -842,18 +842,20 @@ class QSGDClient(_ChainClient):
 PEERS: dict[str, tuple[type, type, list[str]]] = {
     "FedAvg": (Server, Client, ['compression.up="dense"', 'compression.down="dense"',
                                 'compression.downlink="dense"']),
-    "STC": (STCServer, STCClient, ['compression.up="topk"', 'compression.down="topk"',
+    "STC": (STCServer, STCClient, ['compression.up="topk"', "compression.up_by_weight=0", 'compression.down="topk"',
                                    'compression.downlink="per-client"']),
     "FetchSGD": (FetchSGDServer, FetchSGDClient, ['compression.up="sketch"', 'compression.up_values="fp32"',
                                                   'compression.down="topk"', 'compression.momentum=0.9',
                                                   'compression.downlink="per-client"']),
-    "DGC": (DGCServer, DGCClient, ['compression.up="topk"', 'compression.up_values="fp32"',
-                                   'compression.down="dense"', 'compression.downlink="dense"']),
+    "DGC": (DGCServer, DGCClient, ['compression.up="topk"', "compression.up_by_weight=0",
+                                   'compression.up_values="fp32"', 'compression.down="dense"',
+                                   'compression.downlink="dense"']),
     "QSGD 8-bit": (QSGDServer, QSGDClient, ['compression.up="dense"', 'compression.down="dense"',
                                             'compression.downlink="per-client"']),
 }
 """Display name -> (server class, client class, configuration overrides the method needs or implies).
 
 The overrides describe each method in Sluice's configuration terms (what travels up, whether the server
-applies a sparse or dense step, which downlink); the classes read only the ratios, the sketch shape, the
-momentum (FetchSGD's ρ = 0.9 is set here) and the training settings from the configuration."""
+applies a sparse or dense step, which downlink; every upload of STC and DGC keeps the same share); the classes
+read only the ratios, the sketch shape, the momentum (FetchSGD's ρ = 0.9 is set here) and the training settings
+from the configuration."""
