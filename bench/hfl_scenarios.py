@@ -15,12 +15,13 @@ shows accuracy against cumulative megabytes.
 Runs are independent processes (``--jobs``, default: every core); results go to
 ``bench/results/hfl_scenarios.{md,json,png}``. Each gap comes with its standard error over the seeds, every
 seed's gap paired with dense FedAvg's run of that seed. ``--merge`` runs nothing and tabulates result files of
-other seeds together:
+other seeds together; ``--baselines`` takes the methods Sluice is compared with from a result file and runs only
+Sluice and the variants (after a change of Sluice's defaults):
 
-    .venv/bin/python bench/hfl_scenarios.py --seeds 3 --first-seed 3 --no-peers \
-        --out bench/results/hfl_scenarios_seeds_3_5
+    .venv/bin/python bench/hfl_scenarios.py --seeds 6 --first-seed 3 --no-peers \
+        --baselines bench/results/hfl_scenarios_seeds_0_8.json --out bench/results/hfl_scenarios_seeds_3_8
     .venv/bin/python bench/hfl_scenarios.py --merge bench/results/hfl_scenarios.json \
-        bench/results/hfl_scenarios_seeds_3_5.json --out bench/results/hfl_scenarios_seeds_0_5
+        bench/results/hfl_scenarios_seeds_3_8.json --out bench/results/hfl_scenarios_seeds_0_8
 """
 
 from __future__ import annotations
