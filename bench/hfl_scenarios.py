@@ -313,7 +313,7 @@ def run_suite(args: argparse.Namespace) -> tuple[list[dict], dict[str, bool]]:
     return runs, with_peers
 
 
-def stored_runs(path: str, wanted: dict[str, dict], seeds: range, rounds: int) -> list[dict]:
+def stored_runs(path: str, wanted: dict[str, list[str]], seeds: range, rounds: int) -> list[dict]:
     """The runs of result file ``path`` of the methods ``wanted[scenario]`` and ``seeds``; exits naming what
     the file lacks."""
     f = json.loads(Path(path).read_text())
