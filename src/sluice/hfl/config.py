@@ -94,8 +94,8 @@ class CompressionConfig(Section):
         The round's expected budget stays ``M·up_ratio``. The aggregate of sampled uploads has variance
         ``Σ w_c²·V_c/k_c`` (``V_c`` the spread of client c's update); at equal ``V_c`` it is smallest at
         ``k_c ∝ w_c``, which cuts it by ``M_eff/M`` (``M_eff = 1/Σ w_c²``) where the clients' sizes differ
-        (an upload keeps at least one coordinate). The even part keeps the clients that weigh little from
-        waiting on a residual that grows stale."""
+        (an upload keeps at least one coordinate). The even part keeps every upload at ``(1 − a)·up_ratio`` or
+        more, so that a client that weighs little still sends more than a few coordinates."""
         a, total, m = self.up_by_weight, float(sum(sizes)), len(sizes)
         if not self.weighted_uploads or total <= 0:
             return [self.up_ratio] * m

@@ -6,9 +6,9 @@ draws, a client failing mid-round when its draw is below ``dropout``), hands eac
 server's message for it (with ``compression.up_by_weight``, also its upload's k/d, from the sample
 counts of the round's sampled clients), maps the client half over them (a failed client receives its
 message and uploads nothing), passes the uploads to the server with the client's sample count as weight,
-closes the round, delivers the anchor broadcast to every client when there is one, and evaluates the server model
-on the test set. Bytes counted are ``len()`` of the messages exchanged (an anchor broadcast once per
-client). A networked runtime drives the same two halves; only the transport differs.
+closes the round, delivers the anchor broadcast to every client when there is one, and evaluates the
+server model on the test set. Bytes counted are ``len()`` of the messages exchanged (an anchor broadcast
+once per client). A networked runtime drives the same two halves; only the transport differs.
 
 Data requirements: :meth:`HFLEngine.limit_samples` keeps the first ``m_c`` samples of each client with
 ``Σ m_c = n`` (see there); :meth:`HFLEngine.set_min_samples` makes a round with fewer samples than
