@@ -133,13 +133,12 @@ def summarise(runs: list[dict]) -> dict:
             "mb_total": statistics.fmean(r["bytes_total"] for r in runs) / 1e6, "num_params": runs[0]["num_params"]}
 
 
-def gap_se_points(runs: list[dict], base: list[dict]) -> float | None:
-    """Standard error, in points, of the mean gap of ``runs`` to ``base`` (dense FedAvg, or Sluice) over their
-    common seeds,
-    each seed's gap paired with the base run of the same seed (the seed fixes data, partition, sampling and
-    initial model for both); None with fewer than 2 common seeds."""
-    dense = {r["seed"]: r["final_accuracy"] for r in base}
-    gaps = [r["final_accuracy"] - dense[r["seed"]] for r in runs if r["seed"] in dense]
+def paired_se_points(runs: list[dict], base: list[dict]) -> float | None:
+    """Standard error, in points, of the mean difference of ``runs`` to ``base`` (dense FedAvg, or Sluice) over
+    their common seeds, each seed's difference paired with the base run of the same seed (the seed fixes data,
+    partition, sampling and initial model for both); None with fewer than 2 common seeds."""
+    paired = {r["seed"]: r["final_accuracy"] for r in base}
+    gaps = [r["final_accuracy"] - paired[r["seed"]] for r in runs if r["seed"] in paired]
     return 100 * statistics.stdev(gaps) / len(gaps) ** 0.5 if len(gaps) > 1 else None
 
 
@@ -155,9 +154,9 @@ def collect(runs: list[dict], with_peers: dict[str, bool]) -> dict[str, dict]:
         base, ours = by_method[DENSE_NAME], by_method["Sluice"]
         for m in by_method.values():
             m["gap_points"] = 100 * (m["accuracy_mean"] - base["accuracy_mean"])
-            m["gap_se_points"] = gap_se_points(m["runs"], base["runs"])
+            m["gap_se_points"] = paired_se_points(m["runs"], base["runs"])
             m["change_points"] = 100 * (m["accuracy_mean"] - ours["accuracy_mean"])
-            m["change_se_points"] = gap_se_points(m["runs"], ours["runs"])
+            m["change_se_points"] = paired_se_points(m["runs"], ours["runs"])
             m["gap_last10_points"] = 100 * (m["last10_mean"] - base["last10_mean"])
             m["reduction_x"] = base["mb_total"] / m["mb_total"]
             m["accuracy_per_mb"] = m["accuracy_mean"] / m["mb_total"]
@@ -257,8 +256,8 @@ def main() -> None:
                          "for) instead of running them again; Sluice and the variants run")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "hfl_scenarios"))
     ap.add_argument("--merge", nargs="+", metavar="JSON",
-                    help="run nothing: tabulate the runs of these result files together (same rounds, other "
-                         "seeds), with the methods each scenario has in every file")
+                    help="run nothing: tabulate the runs of these result files together (same rounds), "
+                         "keeping the methods whose seeds over the files are dense FedAvg's")
     args = ap.parse_args()
     command = shlex.join(["python", "bench/hfl_scenarios.py", *sys.argv[1:]])
     if args.merge:
