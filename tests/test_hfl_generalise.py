@@ -4,7 +4,8 @@
   residual that only its next participation can deliver; over a run a client takes part a dozen times, so
   what the server receives stays biased however many clients there are. The sampled upload
   (:func:`sluice.compress.codecs.sample`) is unbiased with variance far below rand-k's: its error falls as
-  more clients are averaged.
+  more clients are averaged. Its values below the cap are ±λ and travel as signs; the coordinates kept for
+  sure travel apart in fp16, since rounded to ±λ they held back most of a large upload's energy.
 * More uploads per round: a fixed server top-k lets the server residual, and the lag of the clients'
   model behind the aggregate, grow with the uploads a round aggregates; the default budget is per upload.
 * Momentum: the heavy ball lives on the applied coordinates only, never in the residual, so a selected
@@ -20,8 +21,19 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from sluice.compress.codecs import cast, error_feedback, keep_probabilities, make_uplink, randk, sample, to_dense, topk
+from sluice.compress.codecs import (
+    cast,
+    error_feedback,
+    keep_probabilities,
+    make_uplink,
+    randk,
+    sample,
+    sample_signs,
+    to_dense,
+    topk,
+)
 from sluice.config import load_config
+from sluice.errors import WireError
 from sluice.hfl.config import CompressionConfig, HFLConfig
 from sluice.hfl.server import (
     GAIN_BOUNDS,
@@ -32,7 +44,7 @@ from sluice.hfl.server import (
     init_server,
     server_step,
 )
-from sluice.wire.vector import DensePayload, decode, encode, float_values
+from sluice.wire.vector import DensePayload, PatchChain, decode, encode, float_values
 
 
 def _encode_dense(x: np.ndarray) -> bytes:
@@ -102,15 +114,15 @@ def test_clients_taking_part_once_reach_the_server_unbiased_only_when_sampled() 
     assert error(sample(0.02), 40) > 3 * sampled  # the sample's error falls as 1/sqrt(clients averaged)
 
 
-def test_sample_upload_keeps_only_sign_rounding_in_the_residual() -> None:
-    """The default upload (sample, sign values): the new residual is what the sign rounding left out of the
+def test_sample_upload_keeps_only_its_rounding_in_the_residual() -> None:
+    """The default upload (sample, sign values): the new residual is what the rounding left out of the
     unbiased estimate, so what a message delivers plus that residual is the estimate before rounding."""
     cfg = CompressionConfig()
     comp = make_uplink(cfg)
     assert comp.name == "sample(0.02)+sign+ef"
     rng = np.random.default_rng(3)
     d = 3000
-    stage = error_feedback(sample(0.02), cast("sign"), biased=False)
+    stage = error_feedback(sample(0.02), sample_signs(), biased=False)
     state = stage.init(d)
     for _ in range(10):
         x = _heavy_tailed(rng, d)
@@ -119,8 +131,47 @@ def test_sample_upload_keeps_only_sign_rounding_in_the_residual() -> None:
         picked = sample(0.02).update(inp, None, np.random.default_rng(7))[0]
         out, state = stage.update(x, state, draw)
         buf = encode(out)
-        assert buf[3] & 3 == 2  # one bit a value
         np.testing.assert_allclose(to_dense(decode(buf)) + state[0], to_dense(picked), atol=1e-9)
+
+
+def test_sample_upload_sends_the_coordinates_kept_for_sure_beside_the_signs() -> None:
+    """Below the cap a sample estimate is ±λ, which signs times λ carry exactly; the coordinates kept for sure
+    travel in fp16 as a second part of the message. Rounded to the signs' scale with the rest, they held back
+    most of the update, and the more of d an upload kept the more of it was rounded away: a larger upload
+    delivered barely more than a small one."""
+    rng = np.random.default_rng(4)
+    d = 4000
+    x = _heavy_tailed(rng, d)
+    draw = np.random.default_rng(5)
+    picked = sample(0.02).update(x, None, draw)[0]
+    comp = make_uplink(CompressionConfig(up_feedback=False))
+    msg = decode(comp.encode(x, comp.init(d), np.random.default_rng(5))[0])
+    assert isinstance(msg, PatchChain) and len(msg.parts) == 2
+    signs, sure = msg.parts
+    p = keep_probabilities(x, 80)
+    assert np.array_equal(sure.indices, np.flatnonzero(p >= 1)) and sure.values.dtype == np.float16
+    np.testing.assert_allclose(sure.values, x[sure.indices], rtol=1e-3)
+    assert set(np.abs(signs.values)) == {1} and signs.vscale == pytest.approx(np.abs(x[p < 1]).sum() / (80 - len(
+        sure.indices)), rel=1e-6)
+    np.testing.assert_array_equal(np.union1d(signs.indices, sure.indices), picked.indices)
+
+    def error(ratio: float, rounding) -> float:
+        errs = []
+        for seed in range(20):
+            est = rounding.update(sample(ratio).update(x, None, np.random.default_rng(seed))[0], None, rng)[0]
+            errs.append(np.linalg.norm(to_dense(decode(encode(est)), d) - x))
+        return float(np.mean(errs) / np.linalg.norm(x))
+
+    few = np.zeros(d)
+    few[[3, 50, 900]] = [0.5, -2.0, 7.0]  # fewer non-zeros than k: all kept for sure, and all arrive exactly
+    np.testing.assert_array_equal(to_dense(decode(comp.encode(few, comp.init(d), draw)[0]), d), few)
+    assert decode(comp.encode(np.zeros(d), comp.init(d), draw)[0]).k == 0
+    with pytest.raises(WireError, match="explicit indices"):
+        sample_signs().update(randk(0.1).update(x, None, draw)[0], None, draw)
+
+    kept = [error(ratio, sample_signs()) for ratio in (0.02, 0.08, 0.32)]
+    assert kept[0] > kept[1] > kept[2] and kept[2] < 0.2  # a larger upload delivers more of the update
+    assert error(0.32, cast("sign")) > 4 * kept[2]  # every value at the signs' scale: most of it rounded away
 
 
 def test_server_budget_grows_with_the_uploads_aggregated_and_shrinks_with_the_clients() -> None:

@@ -41,6 +41,7 @@ from sluice.wire.vector import (
     MAX_D,
     DensePayload,
     IndexCoding,
+    PatchChain,
     Payload,
     SketchPayload,
     SparsePayload,
@@ -152,8 +153,15 @@ def to_dense(payload: Payload, d: int | None = None) -> np.ndarray:
     """The receiver's float64 estimate of the sent vector (unbiased for rand-k and count sketch).
 
     Dense: the values. Sparse: zeros with ``scale * values`` at the indices (regenerated from the seed
-    when not sent). Sketch: :func:`unsketch` with the mean. ``d``, when given, must match the payload.
+    when not sent). Sketch: :func:`unsketch` with the mean. Patch chain: the sum of its parts' estimates
+    (a sample upload whose values travel in two codings, :func:`sample_signs`). ``d``, when given, must match
+    the payload.
     """
+    if isinstance(payload, PatchChain) and payload.parts:
+        out = to_dense(payload.parts[0], d)
+        for part in payload.parts[1:]:
+            out += to_dense(part, d)
+        return out
     if isinstance(payload, DensePayload):
         n = payload.d
     elif isinstance(payload, SparsePayload | SketchPayload):
@@ -301,6 +309,37 @@ def sample(ratio: float) -> Stage:
         p = keep_probabilities(x, _k_of(ratio, x.shape[0]))
         idx = np.flatnonzero(rng.random(x.shape[0]) < p)
         return SparsePayload(d=x.shape[0], values=_wire_values(x[idx] / p[idx]), indices=idx), state
+
+    return Stage(_no_state, update)
+
+
+def sample_signs() -> Stage:
+    """Value rounding of a :func:`sample` estimate to signs, with the coordinates kept for sure sent apart.
+
+    Below the cap every value of a sample estimate is ``±λ`` (``x_i / p_i`` with ``p_i = |x_i|/λ``), which
+    signs times one scale carry exactly. The coordinates kept for sure (``p_i = 1``, ``|x_i| > λ``) are few (about
+    1 % of an upload of 2 % of d on the suite's federations) but hold much of the update: 12 % of its energy on
+    the default federation, 43 % on MNIST shards, 96 % at 8 % of d. Rounded to the same sign scale, that energy
+    would wait in the client's residual until its next participation, so that a larger upload (a larger
+    ``up_ratio``) brought the server less of the update, not more (MNIST shards with momentum: 0.869 at 8 % of
+    d, 0.903 at 2 %). They travel as fp16 values in a second part: the message is a patch chain of the signs
+    (scale λ) and the exceptions, whose estimate is their sum (:func:`to_dense`); an estimate with no value
+    above λ is one sign payload. Values count as above λ when they exceed the smallest magnitude by more than
+    one part in a million (float rounding of ``x_i / p_i``), or are not finite."""
+
+    def update(inp: Any, state: Any, rng: np.random.Generator) -> tuple[Payload, Any]:
+        if not isinstance(inp, SparsePayload) or inp.indices is None or inp.vscale is not None:
+            raise WireError("sample_signs rounds the float values of a sparse payload with explicit indices")
+        v = float_values(inp).astype(np.float64)
+        a = np.abs(v)
+        above = ~np.isfinite(a) | (a > np.min(a, initial=np.inf) * (1 + 1e-6))
+        q, vscale = quantize_sign(v[~above])
+        signs = SparsePayload(d=inp.d, values=q, indices=inp.indices[~above], scale=inp.scale, vscale=vscale)
+        if not above.any():
+            return signs, state
+        exceptions = SparsePayload(d=inp.d, values=_to_dtype(v[above], dtypes.FP16.numpy),
+                                   indices=inp.indices[above], scale=inp.scale)
+        return PatchChain((signs, exceptions)), state
 
     return Stage(_no_state, update)
 
@@ -533,8 +572,8 @@ def make_uplink(cfg: Any) -> Compressor:
 
     ``up`` picks the main stage (dense, randk, topk, sample with ``up_ratio``; sketch with ``sketch_rows``
     and ``sketch_cols_ratio``), ``up_values`` the value precision (:func:`value_type`: "auto" is fp32 for
-    dense uploads, signs for sample uploads, whose values below the cap are all ``±λ``, and int8
-    otherwise), ``lossless`` the zstd final stage.
+    dense uploads, signs for sample uploads, whose values below the cap are all ``±λ`` and which keep the
+    values above it in fp16 (:func:`sample_signs`), and int8 otherwise), ``lossless`` the zstd final stage.
     """
     auto = "sign" if cfg.up == "sample" else "int8"
     values = value_type(cfg.up_values, dense=cfg.up == "dense", compressed=auto)
@@ -555,7 +594,8 @@ def make_uplink(cfg: Any) -> Compressor:
     name = f"{cfg.up}" + (f"({cfg.up_ratio:g})" if cfg.up in ("randk", "topk", "sample") else "")
     name += f"+{values}" + ("+zstd" if cfg.lossless == "zstd" else "")
     final = zstd() if cfg.lossless == "zstd" else to_bytes()
+    rounding = sample_signs() if cfg.up == "sample" and values == "sign" else cast(values)
     if cfg.up_feedback and cfg.up in ("randk", "topk", "sample"):
-        return Compressor(chain(error_feedback(main, cast(values), biased=cfg.up == "topk"), final),
+        return Compressor(chain(error_feedback(main, rounding, biased=cfg.up == "topk"), final),
                           name=name + "+ef")
-    return Compressor(chain(main, cast(values), final), name=name)
+    return Compressor(chain(main, rounding, final), name=name)
