@@ -4,8 +4,9 @@
   residual that only its next participation can deliver; over a run a client takes part a dozen times, so
   what the server receives stays biased however many clients there are. The sampled upload
   (:func:`sluice.compress.codecs.sample`) is unbiased with variance far below rand-k's: its error falls as
-  more clients are averaged. Its values below the cap are ±λ and travel as signs; the coordinates kept for
-  sure travel apart in fp16, since rounded to ±λ they held back most of a large upload's energy.
+  more clients are averaged. Its values below the cap are ±λ and travel as signs; with
+  ``compression.up_sure_fp16`` the coordinates kept for sure travel apart in fp16, since rounded to ±λ they
+  hold back most of a large upload's energy.
 * More uploads per round: a fixed server top-k lets the server residual, and the lag of the clients'
   model behind the aggregate, grow with the uploads a round aggregates; the default budget is per upload.
 * Momentum: the heavy ball lives on the applied coordinates only, never in the residual, so a selected
@@ -33,7 +34,7 @@ from sluice.compress.codecs import (
     topk,
 )
 from sluice.config import load_config
-from sluice.errors import WireError
+from sluice.errors import ConfigError, WireError
 from sluice.hfl.config import CompressionConfig, HFLConfig
 from sluice.hfl.server import (
     GAIN_BOUNDS,
@@ -114,16 +115,18 @@ def test_clients_taking_part_once_reach_the_server_unbiased_only_when_sampled() 
     assert error(sample(0.02), 40) > 3 * sampled  # the sample's error falls as 1/sqrt(clients averaged)
 
 
-def test_sample_upload_keeps_only_its_rounding_in_the_residual() -> None:
-    """The default upload (sample, sign values): the new residual is what the rounding left out of the
-    unbiased estimate, so what a message delivers plus that residual is the estimate before rounding."""
-    cfg = CompressionConfig()
-    comp = make_uplink(cfg)
-    assert comp.name == "sample(0.02)+sign+ef"
+@pytest.mark.parametrize("sure_apart", [False, True])
+def test_sample_upload_keeps_only_its_rounding_in_the_residual(sure_apart: bool) -> None:
+    """The default upload (sample, sign values, and with ``up_sure_fp16`` the values above the cap in fp16): the
+    new residual is what the rounding left out of the unbiased estimate, so what a message delivers plus that
+    residual is the estimate before rounding."""
+    comp = make_uplink(CompressionConfig(up_sure_fp16=sure_apart))
+    assert comp.name == "sample(0.02)+sign" + ("+fp16 above the cap" if sure_apart else "") + "+ef"
     rng = np.random.default_rng(3)
     d = 3000
-    stage = error_feedback(sample(0.02), sample_signs(), biased=False)
+    stage = error_feedback(sample(0.02), sample_signs() if sure_apart else cast("sign"), biased=False)
     state = stage.init(d)
+    chains = 0
     for _ in range(10):
         x = _heavy_tailed(rng, d)
         inp = x + state[0]
@@ -131,20 +134,22 @@ def test_sample_upload_keeps_only_its_rounding_in_the_residual() -> None:
         picked = sample(0.02).update(inp, None, np.random.default_rng(7))[0]
         out, state = stage.update(x, state, draw)
         buf = encode(out)
+        chains += isinstance(decode(buf), PatchChain)  # signs and fp16 values, where some are above the cap
         np.testing.assert_allclose(to_dense(decode(buf)) + state[0], to_dense(picked), atol=1e-9)
+    assert (chains > 0) == sure_apart
 
 
-def test_sample_upload_sends_the_coordinates_kept_for_sure_beside_the_signs() -> None:
-    """Below the cap a sample estimate is ±λ, which signs times λ carry exactly; the coordinates kept for sure
-    travel in fp16 as a second part of the message. Rounded to the signs' scale with the rest, they held back
-    most of the update, and the more of d an upload kept the more of it was rounded away: a larger upload
-    delivered barely more than a small one."""
+def test_sample_upload_can_send_the_coordinates_kept_for_sure_beside_the_signs() -> None:
+    """Below the cap a sample estimate is ±λ, which signs times λ carry exactly; with ``up_sure_fp16`` the
+    coordinates kept for sure travel in fp16 as a second part of the message. Rounded to the signs' scale with
+    the rest, they hold back most of the update, and the more of d an upload keeps the more of it is rounded
+    away: a larger upload delivers barely more than a small one."""
     rng = np.random.default_rng(4)
     d = 4000
     x = _heavy_tailed(rng, d)
     draw = np.random.default_rng(5)
     picked = sample(0.02).update(x, None, draw)[0]
-    comp = make_uplink(CompressionConfig(up_feedback=False))
+    comp = make_uplink(CompressionConfig(up_feedback=False, up_sure_fp16=True))
     msg = decode(comp.encode(x, comp.init(d), np.random.default_rng(5))[0])
     assert isinstance(msg, PatchChain) and len(msg.parts) == 2
     signs, sure = msg.parts
@@ -172,6 +177,8 @@ def test_sample_upload_sends_the_coordinates_kept_for_sure_beside_the_signs() ->
     kept = [error(ratio, sample_signs()) for ratio in (0.02, 0.08, 0.32)]
     assert kept[0] > kept[1] > kept[2] and kept[2] < 0.2  # a larger upload delivers more of the update
     assert error(0.32, cast("sign")) > 4 * kept[2]  # every value at the signs' scale: most of it rounded away
+    with pytest.raises(ConfigError, match="up_sure_fp16 needs sample uploads with sign values"):
+        make_uplink(CompressionConfig(up="topk", up_sure_fp16=True))
 
 
 def test_server_budget_grows_with_the_uploads_aggregated_and_shrinks_with_the_clients() -> None:

@@ -45,9 +45,12 @@ class CompressionConfig(Section):
     up_values: Literal["auto", "fp32", "fp16", "int8", "sign"] = Field(
         "auto", description="upload value type; auto = fp32 for dense uploads, sign for sample uploads, int8 "
                             "(with a per-message scale) for other compressed ones; sign = one bit per value "
-                            "times the mean magnitude (a sample upload sends the values above its cap apart, "
-                            "in fp16)"
+                            "times the mean magnitude"
     )
+    up_sure_fp16: bool = Field(False, description="sample uploads with sign values: send the coordinates kept for "
+                               "sure (above the sample's cap, where rounding to the signs' scale holds back most "
+                               "of a large upload) in fp16 beside the signs; for an up_ratio above the default's "
+                               "0.02")
     up_by_weight: float = Field(0.5, ge=0, le=1, description="share of a round's uplink budget (up_ratio times "
                                 "the sampled clients) given out in proportion to the sampled clients' aggregation "
                                 "weights n_c / sum n; the rest is split evenly (randk, topk, sample); 0: every "
