@@ -160,19 +160,19 @@ def test_sample_upload_can_send_the_coordinates_kept_for_sure_beside_the_signs()
         sure.indices)), rel=1e-6)
     np.testing.assert_array_equal(np.union1d(signs.indices, sure.indices), picked.indices)
 
-    def error(ratio: float, rounding) -> float:
-        errs = []
-        for seed in range(20):
-            est = rounding.update(sample(ratio).update(x, None, np.random.default_rng(seed))[0], None, rng)[0]
-            errs.append(np.linalg.norm(to_dense(decode(encode(est)), d) - x))
-        return float(np.mean(errs) / np.linalg.norm(x))
-
     few = np.zeros(d)
     few[[3, 50, 900]] = [0.5, -2.0, 7.0]  # fewer non-zeros than k: all kept for sure, and all arrive exactly
     np.testing.assert_array_equal(to_dense(decode(comp.encode(few, comp.init(d), draw)[0]), d), few)
     assert decode(comp.encode(np.zeros(d), comp.init(d), draw)[0]).k == 0
     with pytest.raises(WireError, match="explicit indices"):
         sample_signs().update(randk(0.1).update(x, None, draw)[0], None, draw)
+
+    def error(ratio: float, rounding) -> float:
+        errs = []
+        for seed in range(20):
+            est = rounding.update(sample(ratio).update(x, None, np.random.default_rng(seed))[0], None, rng)[0]
+            errs.append(np.linalg.norm(to_dense(decode(encode(est)), d) - x))
+        return float(np.mean(errs) / np.linalg.norm(x))
 
     kept = [error(ratio, sample_signs()) for ratio in (0.02, 0.08, 0.32)]
     assert kept[0] > kept[1] > kept[2] and kept[2] < 0.2  # a larger upload delivers more of the update
@@ -522,3 +522,28 @@ def test_simulator_gives_each_upload_the_budget_of_its_weight() -> None:
     for _, nnz, k in [*even, *weighted]:
         assert abs(nnz - k) < 0.15 * k
     assert sum(n for _, n, _ in weighted) == pytest.approx(sum(n for _, n, _ in even), rel=0.1)
+
+
+def test_simulator_takes_uploads_with_fp16_above_the_cap() -> None:
+    """With ``up_sure_fp16`` a client's upload is a patch chain (signs, fp16 values above the cap), and the
+    server aggregates the sum of its parts."""
+    from sluice.hfl import HFLEngine
+
+    got: list[tuple[bool, np.ndarray]] = []
+    before: list[np.ndarray] = []
+
+    class Recording(Server):
+        def receive(self, client: int, upload: bytes, weight: float) -> None:
+            before.append(self.params.copy())
+            got.append((isinstance(decode(upload), PatchChain), to_dense(decode(upload))))
+            super().receive(client, upload, weight)
+
+    cfg = load_config(None, ["compression.up_sure_fp16=true", "train.local_epochs=1",
+                             "compression.downlink=\"dense\""], HFLConfig)
+    engine = HFLEngine(cfg, server_cls=Recording)
+    engine.iterate()
+    assert any(chain for chain, _ in got)
+    moved = engine.server.params != before[0]
+    assert moved.any() and np.all(np.isfinite(engine.server.params))
+    heard = np.flatnonzero(np.any([est != 0 for _, est in got], axis=0))
+    assert set(np.flatnonzero(moved)) <= set(heard)  # the step moves only coordinates some upload sent

@@ -8,7 +8,7 @@ Four payload kinds travel:
   (the estimate is ``s * values`` scattered at the indices);
 * :class:`SketchPayload` -- a ``rows x cols`` count-sketch table of a ``d``-vector plus its hash seed;
 * :class:`PatchChain` -- an ordered list of sparse patches the receiver *adds* one after another (the
-  downlink's per-round server updates);
+  downlink's per-round server updates; a sample upload whose values travel in two codings);
 * :class:`ReplayChain` -- the same with server momentum replayed by the receiver on one block of
   coordinates (a patch chain with flag bit 1 set, below).
 
