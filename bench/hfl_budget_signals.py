@@ -31,8 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import shlex
 import statistics
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -41,7 +39,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from hfl_scenarios import DENSE_NAME, SCENARIOS  # noqa: E402
+from hfl_scenarios import DENSE_NAME, SCENARIOS, seed_note  # noqa: E402
+from hfl_step_signals import write_results  # noqa: E402
 from sluice.hfl.client import Client  # noqa: E402
 from sluice.hfl.server import Server, aggregate  # noqa: E402
 
@@ -142,6 +141,8 @@ def main() -> None:
     ap.add_argument("--baselines", default=str(Path(__file__).parent / "results" / "hfl_scenarios.json"))
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "hfl_budget_signals"))
     args = ap.parse_args()
+    if args.rounds <= SKIP:
+        ap.error(f"--rounds must exceed the {SKIP} rounds the signals leave out")
     dense = dense_accuracy(args.baselines, args.rounds)
     missing = [(s, seed) for s in SCENARIOS for seed in range(args.seeds) if (s, seed) not in dense]
     if missing:
@@ -158,28 +159,21 @@ def main() -> None:
              **{k: statistics.fmean(r[k] for r in rs) for k in SIGNALS}}
             for s in SCENARIOS if (rs := [r for r in runs if r["scenario"] == s])]
     short, rest = ([r for r in rows if (r["gap_points"] < -1.0) == flag] for flag in (True, False))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    results = {"rounds": args.rounds, "seeds": args.seeds, "skip": SKIP, "machine": platform.platform(),
-               "python": platform.python_version(), "rows": rows, "runs": runs}
-    out.with_suffix(".json").write_text(json.dumps(results, indent=1))
-    command = "python bench/hfl_budget_signals.py " + shlex.join(sys.argv[1:])
-    lines = [f"# Signals of a binding budget ({args.rounds} rounds, {args.seeds} seeds, Sluice's defaults)", "",
-             f"Machine: {results['machine']}, Python {results['python']}. Command: `{command.strip()}`. "
-             f"Each signal is the median over rounds {SKIP + 1}–{args.rounds} of a seed, averaged over the seeds "
-             "(module docstring of `bench/hfl_budget_signals.py`); gap: final accuracy less dense FedAvg's, in "
-             "points, averaged over the seeds.", "",
-             "| scenario | gap (points) | " + " | ".join(SIGNALS) + " |", "|---|---|" + "---|" * len(SIGNALS)]
-    lines += [f"| {r['scenario']} | {r['gap_points']:+.2f} | " + " | ".join(f"{r[s]:.3f}" for s in SIGNALS) + " |"
+    table = ["| scenario | gap (points) | " + " | ".join(SIGNALS) + " |", "|---|---|" + "---|" * len(SIGNALS)]
+    table += [f"| {r['scenario']} | {r['gap_points']:+.2f} | " + " | ".join(f"{r[s]:.3f}" for s in SIGNALS) + " |"
               for r in rows]
     if short and rest:
-        lines += ["", "Range of each signal over the rows more than a point short and over the others:", "",
+        table += ["", "Range of each signal over the rows more than a point short and over the others:", "",
                   "| signal | rows short | other rows |", "|---|---|---|"]
-        lines += [f"| {s} | {min(r[s] for r in short):.3f} to {max(r[s] for r in short):.3f} | "
+        table += [f"| {s} | {min(r[s] for r in short):.3f} to {max(r[s] for r in short):.3f} | "
                   f"{min(r[s] for r in rest):.3f} to {max(r[s] for r in rest):.3f} |" for s in SIGNALS]
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {out.with_suffix('.md')} and {out.with_suffix('.json')}")
-
+    results = {"rounds": args.rounds, "seeds": args.seeds, "skip": SKIP, "rows": rows, "runs": runs}
+    write_results(Path(args.out), results,
+                  "Signals of a binding budget "
+                  f"({args.rounds} rounds, {seed_note(list(range(args.seeds)))}, Sluice's defaults)",
+                  f"Each signal is the median over rounds {SKIP + 1}–{args.rounds} of a seed, averaged over the seeds "
+                  "(module docstring of `bench/hfl_budget_signals.py`); gap: final accuracy less dense FedAvg's, in "
+                  "points, averaged over the seeds.", table)
 
 if __name__ == "__main__":
     main()

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from hfl_scenarios import SCENARIOS  # noqa: E402
+from hfl_scenarios import SCENARIOS, seed_note  # noqa: E402
 from sluice.hfl.client import Client  # noqa: E402
 from sluice.hfl.server import Server, aggregate  # noqa: E402
 
@@ -86,9 +86,10 @@ class SignalClient(Client):
         self._before: np.ndarray | None = None
         self._previous: np.ndarray | None = None
 
-    def train(self, server_message: bytes, X: np.ndarray, y: np.ndarray, round: int) -> bytes:
+    def train(self, server_message: bytes, X: np.ndarray, y: np.ndarray, round: int,
+              up_ratio: float | None = None) -> bytes:
         self._before = self.params.astype(np.float64)
-        return super().train(server_message, X, y, round)
+        return super().train(server_message, X, y, round, up_ratio)
 
     def local_update(self, held: np.ndarray, X: np.ndarray, y: np.ndarray, round: int) -> np.ndarray:
         delta = super().local_update(held, X, y, round)
@@ -137,6 +138,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "hfl_step_signals"))
     args = ap.parse_args()
+    if args.rounds <= SKIP:
+        ap.error(f"--rounds must exceed the {SKIP} rounds the signals leave out")
     jobs = [(f, s, seed, args.rounds) for f in FEDERATIONS for s in STEPS for seed in range(args.seeds)]
     with ProcessPoolExecutor(args.jobs) as ex:
         runs = []
@@ -151,28 +154,34 @@ def main() -> None:
             rows.append({"federation": f, "step": s, "accuracy": statistics.fmean(r["accuracy"] for r in rs),
                          "accuracies": [r["accuracy"] for r in rs],
                          **{k: statistics.fmean(r[k] for r in rs) for k in ("A", "heard", "Ap", "pairs", "repeat")}})
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    results = {"rounds": args.rounds, "seeds": args.seeds, "skip": SKIP, "machine": platform.platform(),
-               "python": platform.python_version(), "rows": rows, "runs": runs}
-    out.with_suffix(".json").write_text(json.dumps(results, indent=1))
-    command = "python bench/hfl_step_signals.py " + shlex.join(sys.argv[1:])
-    lines = [f"# What the server observes about its step ({args.rounds} rounds, {args.seeds} seeds, fixed steps)", "",
-             f"Machine: {results['machine']}, Python {results['python']}. Command: `{command.strip()}`. "
-             f"Signals averaged over rounds {SKIP + 1}–{args.rounds} of every seed (module docstring of "
-             "`bench/hfl_step_signals.py`): A with the coordinates it rests on per round, Ap with the pairs. "
-             "Repeat: the share of a step's coordinates that the step before moved too. "
-             "A is nan where a seed diverged and left no finite step to compare with.", "",
-             "| federation | server step | accuracy | seeds | A | coordinates per round | Ap | pairs per round "
+    results = {"rounds": args.rounds, "seeds": args.seeds, "skip": SKIP, "rows": rows, "runs": runs}
+    table = ["| federation | server step | accuracy | seeds | A | coordinates per round | Ap | pairs per round "
              "| repeat |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['federation']} | {r['step']:g} | {r['accuracy']:.4f} | "
+        table.append(f"| {r['federation']} | {r['step']:g} | {r['accuracy']:.4f} | "
                      f"{', '.join(f'{a:.3f}' for a in r['accuracies'])} | {r['A']:.3f} | {r['heard']:.0f} | "
                      f"{r['Ap']:.3f} | {r['pairs']:.0f} | {r['repeat']:.3f} |")
+    write_results(Path(args.out), results,
+                  "What the server observes about its step "
+                  f"({args.rounds} rounds, {seed_note(list(range(args.seeds)))}, fixed steps)",
+                  f"Signals averaged over rounds {SKIP + 1}–{args.rounds} of every seed (module docstring of "
+                  "`bench/hfl_step_signals.py`): A with the coordinates it rests on per round, Ap with the pairs. "
+                  "Repeat: the share of a step's coordinates that the step before moved too. "
+                  "A is nan where a seed diverged and left no finite step to compare with.", table)
+
+
+def write_results(out: Path, results: dict, heading: str, notes: str, body: list[str]) -> None:
+    """Write ``results`` (with the machine added) to ``out``.json and ``out``.md: the heading, a line naming the
+    machine and the command that ran (this script's arguments) before ``notes``, then the lines of ``body``."""
+    results = {**results, "machine": platform.platform(), "python": platform.python_version()}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(results, indent=1))
+    command = shlex.join(["python", f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]])
+    lines = [f"# {heading}", "", f"Machine: {results['machine']}, Python {results['python']}. Command: `{command}`. "
+             f"{notes}", "", *body]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print(f"wrote {out.with_suffix('.md')} and {out.with_suffix('.json')}")
-
 
 if __name__ == "__main__":
     main()
