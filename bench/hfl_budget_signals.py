@@ -175,5 +175,6 @@ def main() -> None:
                   "(module docstring of `bench/hfl_budget_signals.py`); gap: final accuracy less dense FedAvg's, in "
                   "points, averaged over the seeds.", table)
 
+
 if __name__ == "__main__":
     main()

@@ -183,5 +183,6 @@ def write_results(out: Path, results: dict, heading: str, notes: str, body: list
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print(f"wrote {out.with_suffix('.md')} and {out.with_suffix('.json')}")
 
+
 if __name__ == "__main__":
     main()
