@@ -61,18 +61,18 @@ class SignalServer(Server):
 
     def close_round(self) -> bytes | None:
         self.heard, self.signals = dict(self._uploads), {}
-        if self.heard:
-            ids = sorted(self.heard)
-            g = aggregate([self.heard[i][0] for i in ids], [self.heard[i][1] for i in ids], self.d)
-            lo = self.d if self.replay is None else self.replay
-            acc = (g + self.state.residual)[:lo]
-            broadcast = super().close_round()
-            stepped = self.state.last_idx
-            moved = 0.0 if stepped is None else float(np.sum(acc[stepped[stepped < lo]] ** 2))
-            self.signals = {"captured": moved / max(float(acc @ acc), 1e-300),
-                            "lag": float(np.linalg.norm(self.state.residual) / max(np.linalg.norm(g), 1e-300))}
-            return broadcast
-        return super().close_round()
+        if not self.heard:
+            return super().close_round()
+        ids = sorted(self.heard)
+        g = aggregate([self.heard[i][0] for i in ids], [self.heard[i][1] for i in ids], self.d)
+        lo = self.d if self.replay is None else self.replay
+        acc = (g + self.state.residual)[:lo]
+        broadcast = super().close_round()
+        stepped = self.state.last_idx
+        moved = 0.0 if stepped is None else float(np.sum(acc[stepped[stepped < lo]] ** 2))
+        self.signals = {"captured": moved / max(float(acc @ acc), 1e-300),
+                        "lag": float(np.linalg.norm(self.state.residual) / max(np.linalg.norm(g), 1e-300))}
+        return broadcast
 
 
 class SignalClient(Client):
