@@ -27,3 +27,7 @@ class NegotiationError(SluiceError):
 
 class TrainingError(SluiceError):
     """Training could not go on (for example the model diverged)."""
+
+
+class TaskError(ConfigError):
+    """A task cannot be built or its parts do not fit (model, data, loss, optimizer, device)."""

@@ -5,8 +5,9 @@ a network-analytics scenario (``coverage``, ``energy``, ``kpi_anomaly``; :mod:`s
 A scenario is sized by the ``[data.scenario]`` table, checked against the scenario's own parameter
 section (an unknown or bad key is named); it brings its own parties (one client per site/gNB or cell),
 its own held-out rows and its own model type, so ``partition``, ``alpha``, ``shards_per_client`` and
-``test_fraction`` do not apply to it. ``num_clients`` defaults to 20 for the datasets Sluice partitions
-and to the scenario's number of parties for a scenario, where a given value must equal that number.
+``test_fraction`` do not apply to it. ``partition``, ``alpha``, ``shards_per_client`` and ``num_clients``
+default to the task's own :class:`~sluice.tasks.Partition` (Dirichlet(0.3) over 20 clients for the built-in
+datasets); a scenario has one client per party, and a given ``num_clients`` must equal that number.
 """
 
 from __future__ import annotations
@@ -59,9 +60,13 @@ class DataConfig(Section):
         None, ge=1, le=100_000,
         description=f"clients; default {DEFAULT_CLIENTS}, or a scenario's parties (a given value must equal them)",
     )
-    partition: Literal["iid", "dirichlet", "shards"] = "dirichlet"
-    alpha: float = Field(0.3, gt=0, description="Dirichlet concentration (smaller = more skew)")
-    shards_per_client: int = Field(2, ge=1)
+    partition: Literal["iid", "dirichlet", "shards"] | None = Field(
+        None, description="how Sluice splits a task's one training set; default: the task's (dirichlet for the "
+                          "built-in datasets, shards for mnist_cnn)")
+    alpha: float | None = Field(None, gt=0, description="Dirichlet concentration (smaller = more skew); default: "
+                                "the task's (0.3)")
+    shards_per_client: int | None = Field(None, ge=1, description="shards of one label per client; default: the "
+                                          "task's (2)")
     test_fraction: float = Field(0.2, gt=0, lt=1)
     synthetic_alpha: float = Field(1.0, ge=0, description="FedProx Synthetic(alpha, beta): model skew")
     synthetic_beta: float = Field(1.0, ge=0, description="FedProx Synthetic(alpha, beta): data skew")

@@ -213,9 +213,9 @@ def load_federated(cfg: DataConfig, seed: int) -> FederatedData:
     parts = partition(
         ds.y_train,
         num_clients,
-        cfg.partition,
-        alpha=cfg.alpha,
-        shards_per_client=cfg.shards_per_client,
+        cfg.partition or "dirichlet",
+        alpha=cfg.alpha or 0.3,
+        shards_per_client=cfg.shards_per_client or 2,
         seed=seed,
     )
     return FederatedData(

@@ -5,10 +5,13 @@ The ServerApp's main loop is :func:`sluice.cli.common.run_job` over a :class:`Fl
 ``sluice run``, written into the run configuration's ``out-dir`` on the SuperLink's host. A criterion that
 fires returns from ``main``, which ends the Flower run at that round.
 
-The ClientApp runs :class:`sluice.hfl.Client` unchanged: the terminal is the node's ``partition-id``, its
-training data is that partition of the configured data set, and everything the terminal carries between
-rounds (held model, anchor, compressor state) lives in the node's ``Context.state`` as the client's state
-bytes, beside the rounds of the model and anchor it holds and the partition itself.
+The ClientApp runs :class:`sluice.hfl.Client` unchanged: the terminal is the node's ``partition-id``. The
+node builds the job's task where it runs, with ``[task.args]`` updated by its own node configuration's
+``task.<name>`` entries (a path to the node's files, say), and trains on that task's dataset for its
+terminal, or on the task's only dataset when the task built there holds just one (the node's own data).
+Everything the terminal carries between rounds (held model, anchor, compressor state) lives in the node's
+``Context.state`` as the client's state bytes, beside the rounds of the model and anchor it holds and, for a
+dataset of tensors, the data itself (every message starts a fresh ClientApp process).
 """
 
 from __future__ import annotations
@@ -85,27 +88,38 @@ def _config(job_json: str) -> Any:
     return job_from_dict("hfl", json.loads(job_json)).config
 
 
-def _partition(context: Context) -> tuple[Any, int, Any, Any, int, int]:
-    """(configuration, terminal, X, y, features, classes) of this node. The node's partition is kept in
-    its context after the first message: every message starts a fresh ClientApp process, and loading
-    and splitting the data set again would cost each of them about a second."""
-    import numpy as np
+def _node_args(context: Context) -> dict[str, Any]:
+    """The node configuration's ``task.<name>`` entries, as keyword arguments of the task."""
+    return {k.removeprefix("task."): v for k, v in context.node_config.items() if str(k).startswith("task.")}
+
+
+def _partition(context: Context) -> tuple[Any, int, Any, Any]:
+    """(configuration, terminal, learner, training data) of this node. A dataset of tensors is kept in the
+    node's context after the first message, so that later messages (each a fresh process) skip building it."""
+    import torch
+    from torch.utils.data import TensorDataset
+
+    from sluice.hfl.learner import Learner
+    from sluice.tasks import client_datasets, load_task
 
     cfg = _config(str(context.run_config["sluice-job"]))
+    task = load_task(cfg.task, seed=cfg.seed, data=cfg.data, hidden=cfg.model.hidden, node_args=_node_args(context))
+    learner = Learner(task, cfg.seed, cfg.train.device)
     state = context.state
     if P.DATA_RECORD in state.array_records:
-        meta = state.config_records[P.DATA_META]
         arrays = state.array_records[P.DATA_RECORD]
-        X, y = arrays["X"].numpy(), arrays["y"].numpy()
-        return cfg, int(meta["terminal"]), X, y, int(meta["features"]), int(meta["classes"])
-    from sluice.data import load_federated
-
-    data = load_federated(cfg.data, seed=cfg.seed)
-    c = _terminal(context, len(data.clients))
-    X, y = (np.ascontiguousarray(a) for a in data.clients[c])
-    state[P.DATA_RECORD] = ArrayRecord({"X": Array(X), "y": Array(y)})
-    state[P.DATA_META] = ConfigRecord({"terminal": c, "features": data.num_features, "classes": data.num_classes})
-    return cfg, c, X, y, data.num_features, data.num_classes
+        c = int(state.config_records[P.DATA_META]["terminal"])
+        data = TensorDataset(torch.from_numpy(arrays["X"].numpy()), torch.from_numpy(arrays["y"].numpy()))
+        return cfg, c, learner, learner.check([data])[0]
+    own = task.per_client and len(task.train) == 1
+    clients = list(task.train) if own else client_datasets(task, cfg.data, seed=cfg.seed)
+    c = _terminal(context, cfg.data.num_clients or len(clients) if own else len(clients))
+    data = learner.check([clients[0 if own else c]])[0]
+    if isinstance(data, TensorDataset):
+        X, y = (t.cpu().numpy() for t in data.tensors)
+        state[P.DATA_RECORD] = ArrayRecord({"X": Array(X), "y": Array(y)})
+        state[P.DATA_META] = ConfigRecord({"terminal": c})
+    return cfg, c, learner, data
 
 
 def _terminal(context: Context, num_terminals: int) -> int:
@@ -137,9 +151,9 @@ def _bytes(buf: bytes) -> Array:
 @client_app.query()
 def hello(msg: Message, context: Context) -> Message:
     """Which terminal this node serves and which rounds of the model and anchor it holds."""
-    _, c, _, y, _, _ = _partition(context)
+    _, c, _, data = _partition(context)
     _, model_round, anchor_round = _held(context)
-    meta = {"terminal": c, "model-round": model_round, "anchor-round": anchor_round, "num-examples": len(y)}
+    meta = {"terminal": c, "model-round": model_round, "anchor-round": anchor_round, "num-examples": len(data)}
     return Message(RecordDict({P.META: ConfigRecord(meta)}), reply_to=msg)
 
 
@@ -149,7 +163,7 @@ def train(msg: Message, context: Context) -> Message:
     from sluice.errors import WireError
     from sluice.hfl.client import Client
 
-    cfg, c, X, y, nf, nc = _partition(context)
+    cfg, c, learner, data = _partition(context)
     meta = msg.content.config_records[P.META]
     arrays = msg.content.array_records[P.RECORD]
     if int(meta["terminal"]) != c:
@@ -161,7 +175,8 @@ def train(msg: Message, context: Context) -> Message:
                        or (mode == "anchor" and anchor_round != int(meta["anchor-round"]))):
         raise WireError(f"terminal {c} holds model round {model_round} and anchor round {anchor_round}, the "
                         f"server sent a patch against {meta['base-round']} / {meta['anchor-round']}: it must resync")
-    client = Client.from_state_bytes(cfg, state) if state is not None and not resync else Client(cfg, c, nf, nc)
+    client = Client.from_state_bytes(cfg, state, learner) if state is not None and not resync else Client(cfg, c,
+                                                                                                          learner)
     trainable = int(meta["trainable"])
     client.set_trainable_layers(None if trainable < 0 else trainable)
     rounds = list(meta["anchor-rounds"])
@@ -173,11 +188,11 @@ def train(msg: Message, context: Context) -> Message:
     if bool(meta["fail"]):  # simulated failure: it received the model, then failed before uploading
         client.sync(down)
     else:
-        upload = client.train(down, X, y, int(meta["round"]), up_ratio=float(meta["up-ratio"]))
+        upload = client.train(down, data, int(meta["round"]), up_ratio=float(meta["up-ratio"]))
         reply[P.RECORD] = ArrayRecord({"up": _bytes(upload)})
     model_round = int(meta["model-round"])
     context.state[P.STATE_RECORD] = ArrayRecord({"state": _bytes(client.state_bytes())})
     context.state[P.STATE_META] = ConfigRecord({"model-round": model_round, "anchor-round": anchor_round})
     reply[P.META] = ConfigRecord({"terminal": c, "model-round": model_round, "anchor-round": anchor_round,
-                                  "num-examples": len(y), "train-loss": float(client.train_loss or 0.0)})
+                                  "num-examples": len(data), "train-loss": float(client.train_loss or 0.0)})
     return Message(reply, reply_to=msg)

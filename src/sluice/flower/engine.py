@@ -40,16 +40,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from sluice.data import load_federated
 from sluice.engine import IterationEvent, Suspendable
-from sluice.errors import ConfigError, DataError, TrainingError
+from sluice.errors import ConfigError, DataError, TaskError, TrainingError
 from sluice.flower import protocol as P
-from sluice.hfl.client import build_model
 from sluice.hfl.config import HFLConfig
 from sluice.hfl.engine import ServerModel
+from sluice.hfl.learner import Learner
 from sluice.hfl.server import Server
-from sluice.metrics import CLASSIFICATION, MetricSpec, classification_metrics, declare
-from sluice.models import get_flat, output_layer, set_flat
+from sluice.metrics import MetricSpec
+from sluice.tasks import client_datasets, load_task
+from sluice.tasks.resolve import Federation
 
 
 def flower_object_bytes(msg: Any) -> int:
@@ -96,11 +96,13 @@ class FlowerEngine(ServerModel, Suspendable):
             return
         cfg = self.cfg
         torch.set_num_threads(1)
-        self.data = load_federated(cfg.data, seed=cfg.seed)  # the server uses the test set
-        self.n = len(self.data.clients)
-        self.model = build_model(cfg, self.data.num_features, self.data.num_classes)
-        self.theta0 = get_flat(self.model)
-        self.server = Server(cfg, self.theta0, self.n, output_layer=output_layer(self.model))
+        task = load_task(cfg.task, seed=cfg.seed, data=cfg.data, hidden=cfg.model.hidden)
+        self.learner = learner = Learner(task, cfg.seed, cfg.train.device)
+        self.n, self._sizes = terminals(task, cfg)
+        self.data = Federation(task, [])  # the server holds the test set only
+        self.theta0 = learner.theta0
+        self.server = Server(cfg, self.theta0, self.n, output_layer=learner.output_layer,
+                             buffers=learner.buffers0 if learner.num_buffers else None)
         self._anchor = self.theta0.copy(), self.server.replayed_velocity()  # what a resync sends as the anchor
         self._rng = np.random.default_rng(cfg.seed)
         self._wait_for_nodes()
@@ -111,7 +113,10 @@ class FlowerEngine(ServerModel, Suspendable):
 
     @property
     def metrics(self) -> dict[str, MetricSpec]:
-        return declare(("train_loss", *CLASSIFICATION), [
+        cfg = self.cfg
+        task = load_task(cfg.task, seed=cfg.seed, data=cfg.data, hidden=cfg.model.hidden) if self.server is None \
+            else self.data.task
+        return task.declared_metrics([
             MetricSpec("participants", True, 0.0), MetricSpec("dropped", False, 0.0),
             MetricSpec("resynced", False, 0.0), MetricSpec("nodes", True, 0.0),
             MetricSpec("flower_bytes_up", False, 0.0), MetricSpec("flower_bytes_down", False, 0.0)])
@@ -124,10 +129,11 @@ class FlowerEngine(ServerModel, Suspendable):
 
     @property
     def num_layers(self) -> int:
-        return len(self.cfg.model.hidden) + 1
+        self.start()
+        return self.learner.num_layers
 
     def set_trainable_layers(self, layers: int) -> None:
-        """Every terminal trains only the last ``layers`` linear layers (sent with each message)."""
+        """Every terminal trains only the last ``layers`` layers (sent with each message)."""
         if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= self.num_layers:
             raise ConfigError(f"layers to train must be in 1..{self.num_layers}, got {layers!r}")
         self._trainable = int(layers)
@@ -235,8 +241,7 @@ class FlowerEngine(ServerModel, Suspendable):
         bytes_up = bytes_down = flower_up = flower_down = 0
         dropped = resynced = 0
         anchor_mode = cfg.compression.downlink == "anchor"
-        shares = cfg.compression.up_shares([self._examples.get(c, len(self.data.clients[c][1]))
-                                            for c in sampled.tolist()])
+        shares = cfg.compression.up_shares([self._examples.get(c, self._sizes[c]) for c in sampled.tolist()])
         out: list[tuple[int, Any]] = []
         for c, fails, share in zip(sampled.tolist(), failed.tolist(), shares, strict=True):
             down = server.message(c)
@@ -299,12 +304,21 @@ class FlowerEngine(ServerModel, Suspendable):
                                      "flower_bytes_up": float(flower_up), "flower_bytes_down": float(flower_down)}
         return self._round_event(rnd, metrics, losses, weights, bytes_up, bytes_down, t0)
 
-    @torch.no_grad()
     def _evaluate(self) -> dict[str, float]:
         """Test metrics of the server model, as the simulator computes them after each round (not the
         engine capability ``evaluate``: the simulator does not offer it, and the control plane must decide
         the same way on both)."""
-        set_flat(self.model, self.server.params)
-        self.model.eval()
-        logits = self.model(torch.from_numpy(self.data.X_test))
-        return classification_metrics(logits, self.data.y_test, self.data.num_classes)
+        return self.learner.evaluate(self.server.params, self.server.buffers, self.data.task.test)
+
+
+def terminals(task: Any, cfg: HFLConfig) -> tuple[int, list[int]]:
+    """The job's number of terminals and the samples the server expects each to hold until its node reports
+    them: the task's client datasets where the server can build them (a built-in task), else
+    ``data.num_clients`` terminals of equal weight (a task whose data lives only on the nodes)."""
+    try:
+        sizes = [len(ds) for ds in client_datasets(task, cfg.data, seed=cfg.seed)]
+    except TaskError:
+        if cfg.data.num_clients is None:
+            raise
+        return cfg.data.num_clients, [1] * cfg.data.num_clients
+    return len(sizes), sizes

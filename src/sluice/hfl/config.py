@@ -15,10 +15,11 @@ from pydantic import Field, model_validator
 
 from sluice.data.config import DataConfig
 from sluice.schema import Section
+from sluice.tasks.config import DEVICE_PATTERN, TaskConfig
 
 
 class ModelConfig(Section):
-    hidden: list[int] = Field(default_factory=lambda: [128, 128])
+    hidden: list[int] = Field(default_factory=lambda: [128, 128], description="hidden layers of a built-in MLP task")
 
     @model_validator(mode="after")
     def _positive(self) -> ModelConfig:
@@ -36,6 +37,8 @@ class TrainConfig(Section):
     lr: float = Field(0.05, gt=0)
     server_lr: float = Field(1.0, gt=0)
     eval_every: int = Field(1, ge=1)
+    device: str = Field("cpu", pattern=DEVICE_PATTERN, description="where local training and evaluation run: auto "
+                        "(a CUDA GPU when there is one), cpu, cuda or cuda:N")
 
 
 class CompressionConfig(Section):
@@ -121,6 +124,7 @@ class CompressionConfig(Section):
 
 class HFLConfig(Section):
     seed: int = 0
+    task: TaskConfig = Field(default_factory=TaskConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)

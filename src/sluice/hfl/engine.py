@@ -17,7 +17,6 @@ asked report ``INADEQUATE_TRAINING_DATA`` instead of training.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import numbers
 import time
@@ -27,32 +26,36 @@ from typing import Any
 import numpy as np
 import torch
 
-from sluice.data import FederatedData, load_federated
 from sluice.engine import IterationEvent, Suspendable
-from sluice.errors import ConfigError, DataError, TrainingError
-from sluice.hfl.client import Client, build_model
+from sluice.errors import ConfigError, DataError, TaskError, TrainingError
+from sluice.hfl.client import Client
 from sluice.hfl.config import HFLConfig
+from sluice.hfl.learner import Learner
 from sluice.hfl.server import Server
 from sluice.hfl.state import field, pack, unpack
-from sluice.metrics import CLASSIFICATION, MetricSpec, declare
-from sluice.models import get_flat, num_params, output_layer, set_flat
+from sluice.metrics import MetricSpec
+from sluice.models import num_params
+from sluice.tasks import Task, client_datasets, load_task
+from sluice.tasks.resolve import Federation
+from sluice.tasks.task import batch, sample_shape
 
 
 class ServerModel:
     """``save``, ``params``, ``num_params`` and the round's event of an HFL engine, whose server half holds
-    the model: the engine's ``start`` builds ``server`` (its ``params`` and ``round``), ``model`` (a scratch
-    module of the architecture) and ``data``, ``cfg`` is its :class:`HFLConfig`, and ``_evaluate()`` gives
-    the server model's test metrics."""
+    the model: the engine's ``start`` builds ``server`` (its ``params``, ``buffers`` and ``round``),
+    ``learner`` (the task's model on the device, :class:`~sluice.hfl.learner.Learner`) and ``data``, ``cfg`` is
+    its :class:`HFLConfig`, and ``_evaluate()`` gives the server model's test metrics."""
 
     def save(self, path: str | Path) -> str:
-        """The server model with what rebuilds it (architecture, feature and class counts, round), by
-        ``torch.save``."""
+        """The server model as a CPU ``state_dict`` (loads into the task's model on any device), with its flat
+        parameters, the task's name and the round, by ``torch.save``."""
         self.start()
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"params": torch.from_numpy(self.server.params.copy()), "hidden": list(self.cfg.model.hidden),
-                    "num_features": self.data.num_features, "num_classes": self.data.num_classes,
-                    "round": self.server.round}, path)
+        self.learner.load(self.server.params, self.server.buffers)
+        state = {k: v.detach().cpu().clone() for k, v in self.learner.model.state_dict().items()}
+        torch.save({"state_dict": state, "params": torch.from_numpy(self.server.params.copy()),
+                    "task": self.data.name, "round": self.server.round}, path)
         return str(path)
 
     @property
@@ -64,7 +67,7 @@ class ServerModel:
     @property
     def num_params(self) -> int:
         self.start()
-        return num_params(self.model)
+        return num_params(self.learner.model)
 
     def _round_event(self, rnd: int, metrics: dict[str, float], losses: list[float], weights: list[float],
                      bytes_up: int, bytes_down: int, t0: float) -> IterationEvent:
@@ -93,10 +96,11 @@ class HFLEngine(ServerModel, Suspendable):
     with Sluice's on equal terms (:mod:`sluice.hfl.peers`).
     """
 
-    def __init__(self, cfg: HFLConfig, data: FederatedData | None = None, *,
+    def __init__(self, cfg: HFLConfig, task: Task | None = None, *,
                  server_cls: type = Server, client_cls: type = Client) -> None:
         self.cfg = cfg
-        self.data = data
+        self.task = task
+        self.data: Federation | None = None
         self.server_cls, self.client_cls = server_cls, client_cls
         self.server: Server | None = None
         self.clients: list[Client] = []
@@ -110,28 +114,37 @@ class HFLEngine(ServerModel, Suspendable):
             return
         cfg = self.cfg
         torch.set_num_threads(1)
-        if self.data is None:
-            self.data = load_federated(cfg.data, seed=cfg.seed)
-        data = self.data
-        self.model = build_model(cfg, data.num_features, data.num_classes)  # scratch for training and tests
-        self.theta0 = get_flat(self.model)
-        self.server = self.server_cls(cfg, self.theta0, len(data.clients), output_layer=output_layer(self.model))
-        self.clients = [self.client_cls(cfg, c, data.num_features, data.num_classes, model=self.model,
-                                        theta0=self.theta0) for c in range(len(data.clients))]
+        task = self._task()
+        learner = Learner(task, cfg.seed, cfg.train.device)
+        extra = {}
+        if learner.num_buffers:
+            if not (getattr(self.server_cls, "carries_buffers", False) and getattr(self.client_cls, "carries_buffers",
+                                                                                    False)):
+                raise TaskError(f"task {task.name!r}: its model has buffers (BatchNorm statistics), which "
+                                f"{self.server_cls.__name__} does not carry; use Sluice's server and client")
+            extra["buffers"] = learner.buffers0
+        self.data = Federation(task, learner.check(client_datasets(task, cfg.data, seed=cfg.seed)))
+        self.learner, self.theta0 = learner, learner.theta0
+        self.server = self.server_cls(cfg, self.theta0, len(self.data.clients), output_layer=learner.output_layer,
+                                      **extra)
+        self.clients = [self.client_cls(cfg, c, learner) for c in range(len(self.data.clients))]
         for client in self.clients:
             client.set_trainable_layers(self._trainable)
         self._rng = np.random.default_rng(cfg.seed)
 
+    def _task(self) -> Task:
+        """The task this engine trains (built from the configuration on first use)."""
+        if self.task is None:
+            cfg = self.cfg
+            self.task = load_task(cfg.task, seed=cfg.seed, data=cfg.data, hidden=cfg.model.hidden)
+        return self.task
+
     @property
     def metrics(self) -> dict[str, MetricSpec]:
-        """``train_loss``, the test metrics of the task and, for a scenario, its type-specific errors (the
-        scenario's data is loaded to know them), plus ``participants`` and ``dropped``."""
+        """``train_loss``, the test metrics of the task and its own metrics (a scenario's type-specific errors),
+        plus ``participants`` and ``dropped``."""
         extra = [MetricSpec("participants", True, 0.0), MetricSpec("dropped", False, 0.0)]
-        if self.data is None and self.cfg.data.is_scenario:
-            self.data = load_federated(self.cfg.data, seed=self.cfg.seed)
-        if self.data is None:
-            return declare(("train_loss", *CLASSIFICATION), extra)
-        return self.data.declared_metrics(extra)
+        return self._task().declared_metrics(extra)
 
     counts_bytes = True
 
@@ -140,7 +153,7 @@ class HFLEngine(ServerModel, Suspendable):
     def num_samples(self) -> int:
         """Training samples held by all clients together."""
         self.start()
-        return sum(len(y) for _, y in self.data.clients)
+        return sum(self.data.sizes)
 
     def limit_samples(self, n: int) -> None:
         """Use only ``n`` training samples in total, keeping every client's share.
@@ -163,8 +176,7 @@ class HFLEngine(ServerModel, Suspendable):
         order = sorted(range(len(sizes)), key=lambda c: (-(exact[c] % total), c))
         for c in order[: int(n) - sum(keep)]:
             keep[c] += 1
-        clients = [(X[:k], y[:k]) for (X, y), k in zip(self.data.clients, keep, strict=True)]
-        self.data = dataclasses.replace(self.data, clients=clients)
+        self.data.limit(keep)
 
     def set_min_samples(self, n: int) -> None:
         """While the clients together hold fewer than ``n`` samples, a round trains nothing and reports
@@ -175,25 +187,26 @@ class HFLEngine(ServerModel, Suspendable):
 
     def check_data(self, data: Any) -> list[tuple[int, np.ndarray, np.ndarray]]:
         """Check data for :meth:`add_data` — ``(client, X, y)`` or a list of such triples — and return it
-        as (client id, float32 ``X`` of shape (k, features), int64 ``y`` of shape (k,)) triples; for a
-        regression scenario ``y`` holds the targets, ``(k, targets)`` (1-D with one target), and both are
-        given in natural units and returned standardised as the model takes them.
+        as (client id, ``X`` of shape (k, *input shape), ``y``) triples: for classification int64 class ids
+        ``(k,)``, for regression float32 targets ``(k, targets)`` (1-D with one target). Rows are given in
+        natural units and returned as the model takes them (a built-in scenario standardises them).
 
-        Raises :class:`DataError` saying what is wrong: a client id outside ``[0, num_clients)``, ``X`` not
-        2-D with the model's feature count (one 1-D sample of that length is accepted), ``y`` not 1-D or
-        not integers in ``[0, num_classes)`` (regression: not one row of targets per sample), non-finite
-        values, or ``X`` and ``y`` of different lengths.
+        Raises :class:`DataError` saying what is wrong: a client id outside ``[0, num_clients)``, ``X`` whose
+        samples do not have the task's input shape (one sample without the batch axis is accepted), ``y`` not
+        one label (or row of targets) per sample, labels that are not integers in ``[0, num_classes)``,
+        non-finite values, or ``X`` and ``y`` of different lengths.
         """
         self.start()
-        n, nf, nc = len(self.data.clients), self.data.num_features, self.data.num_classes
         items = [data] if isinstance(data, tuple) else data
         if not isinstance(items, list) or not items:
             raise DataError("HFL data to add is a (client, X, y) triple or a non-empty list of them")
+        shape, target_dtype = sample_shape(self.data.clients[0])
         out = []
         for item in items:
             if not isinstance(item, tuple | list) or len(item) != 3:
                 raise DataError(f"HFL data to add is a (client, X, y) triple, got {type(item).__name__}")
             c, X, y = item
+            n = len(self.data.clients)
             if isinstance(c, bool) or not isinstance(c, numbers.Integral) or not 0 <= c < n:
                 raise DataError(f"client must be an integer in [0, {n}), got {c!r}")
             try:
@@ -201,48 +214,63 @@ class HFLEngine(ServerModel, Suspendable):
                 y_raw = np.asarray(y, dtype=np.float64)
             except (TypeError, ValueError) as exc:
                 raise DataError(f"X and y must be numeric arrays: {exc}") from None
-            if X.ndim == 1 and X.shape[0] == nf:
-                X = X.reshape(1, nf)
-            if X.ndim != 2 or X.shape[1] != nf:
-                raise DataError(f"X must have shape (samples, {nf}): the model takes {nf} features, got "
-                                f"shape {X.shape}")
-            if self.data.task == "regression":
-                out.append((int(c), *self._check_targets(X, y_raw)))
-                continue
-            if y_raw.ndim != 1:
-                raise DataError(f"y must be 1-D (one label per sample), got shape {y_raw.shape}")
-            if len(X) != len(y_raw):
-                raise DataError(f"X has {len(X)} rows but y has {len(y_raw)} labels")
+            if X.shape == shape:
+                X = X.reshape(1, *shape)
+            if X.shape[1:] != shape:
+                what = f"{shape[0]} features" if len(shape) == 1 else f"inputs of shape {shape}"
+                raise DataError(f"X must have shape (samples, {', '.join(map(str, shape))}): the model takes "
+                                f"{what}, got shape {X.shape}")
             if not np.isfinite(X).all():
                 raise DataError("X holds non-finite values (NaN or infinity); every feature must be finite")
-            if not np.isfinite(y_raw).all():
-                raise DataError("y holds non-finite values (NaN or infinity); labels are integers")
-            if np.any(y_raw != np.round(y_raw)) or np.any((y_raw < 0) | (y_raw >= nc)):
-                raise DataError(f"labels must be integers in [0, {nc}), got values from {y_raw.min():g} to "
-                                f"{y_raw.max():g}")
-            out.append((int(c), *self.data.to_model_space(X, y_raw.astype(np.int64))))
+            y_out = self._check_targets(X, y_raw) if torch.is_floating_point(torch.empty(0, dtype=target_dtype)) \
+                else self._check_labels(X, y_raw)
+            prepare = self.data.task.prepare
+            out.append((int(c), *(prepare(X, y_out) if prepare is not None else (X, y_out))))
         return out
 
-    def _check_targets(self, X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Regression rows ``(X, y)`` checked (one finite row of targets per sample) and standardised."""
-        k = self.data.num_classes
+    def _check_labels(self, X: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Class ids checked (one finite integer in ``[0, classes)`` per sample) as int64."""
+        nc = self.num_classes
+        if y.ndim != 1:
+            raise DataError(f"y must be 1-D (one label per sample), got shape {y.shape}")
+        if len(X) != len(y):
+            raise DataError(f"X has {len(X)} rows but y has {len(y)} labels")
+        if not np.isfinite(y).all():
+            raise DataError("y holds non-finite values (NaN or infinity); labels are integers")
+        if np.any(y != np.round(y)) or np.any((y < 0) | (y >= nc)):
+            raise DataError(f"labels must be integers in [0, {nc}), got values from {y.min():g} to {y.max():g}")
+        return y.astype(np.int64)
+
+    def _check_targets(self, X: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Regression targets checked (one finite row of targets per sample) as float32."""
+        k = self.num_classes
         if y.ndim == 1 and k == 1:
             y = y.reshape(-1, 1)
         if y.ndim != 2 or y.shape[1] != k:
-            raise DataError(f"y must have shape (samples, {k}): the model predicts {k} targets "
-                            f"({', '.join(self.data.target_names)}), got shape {y.shape}")
+            names = f" ({', '.join(self.data.task.target_names)})" if self.data.task.target_names else ""
+            raise DataError(f"y must have shape (samples, {k}): the model predicts {k} targets{names}, got shape "
+                            f"{y.shape}")
         if len(X) != len(y):
             raise DataError(f"X has {len(X)} rows but y has {len(y)}")
-        if not (np.isfinite(X).all() and np.isfinite(y).all()):
+        if not np.isfinite(y).all():
             raise DataError("X or y holds non-finite values (NaN or infinity); every value must be finite")
-        return self.data.to_model_space(X, y)
+        return y.astype(np.float32)
+
+    @property
+    def num_classes(self) -> int:
+        """The model's output width: classes of a classifier, targets of a regression."""
+        self.start()
+        x, _ = batch(self.data.clients[0], torch.zeros(1, dtype=torch.int64))
+        with torch.no_grad():
+            self.learner.model.eval()
+            out = self.learner.model(x.to(self.learner.device))
+        return int(out.reshape(1, -1).shape[1])
 
     def add_data(self, data: Any) -> None:
         """Add samples to clients: ``(client, X, y)`` or a list of such triples (checked first: nothing is
         added when any of them is wrong)."""
         for c, X, y in self.check_data(data):
-            X0, y0 = self.data.clients[c]
-            self.data.clients[c] = (np.concatenate([X0, X]), np.concatenate([y0, y]))
+            self.data.add(c, X, y)
 
     # -- requirements -----------------------------------------------------------------------------
     @property
@@ -253,23 +281,22 @@ class HFLEngine(ServerModel, Suspendable):
 
     @property
     def num_layers(self) -> int:
-        """Linear layers of the model."""
-        return len(self.cfg.model.hidden) + 1
+        """Layers of the model that hold parameters (:func:`sluice.models.layers`)."""
+        self.start()
+        return self.learner.num_layers
 
     def set_trainable_layers(self, layers: int) -> None:
-        """Every client trains only the last ``layers`` linear layers; the earlier ones stay frozen in local
+        """Every client trains only the last ``layers`` layers; the earlier ones stay frozen in local
         training (their update is exactly zero, so the server never moves them)."""
-        if isinstance(layers, bool) or not isinstance(layers, numbers.Integral) or not (
-                1 <= layers <= self.num_layers):
-            raise ConfigError(f"layers to train must be in 1..{self.num_layers}, got {layers!r}")
-        self._trainable = int(layers)
+        self.start()
+        self._trainable = self.learner.check_layers(layers)
         for client in self.clients:
             client.set_trainable_layers(self._trainable)
 
     def probe(self, iterations: int = 2) -> float:
         """Seconds per round, timed on a copy of this engine (this engine is left untouched)."""
         self.start()
-        scratch = HFLEngine(self.cfg, self.data, server_cls=self.server_cls, client_cls=self.client_cls)
+        scratch = HFLEngine(self.cfg, self.task, server_cls=self.server_cls, client_cls=self.client_cls)
         scratch.restore(self.checkpoint())
         t0 = time.perf_counter()
         for _ in range(max(1, iterations)):
@@ -297,7 +324,7 @@ class HFLEngine(ServerModel, Suspendable):
         weights, losses = [], []
         budget = {}  # k/d per upload, only when the budget follows the clients' weights
         if self.cfg.compression.weighted_uploads:
-            shares = self.cfg.compression.up_shares([len(data.clients[c][1]) for c in sampled.tolist()])
+            shares = self.cfg.compression.up_shares([data.sizes[c] for c in sampled.tolist()])
             budget = {c: {"up_ratio": r} for c, r in zip(sampled.tolist(), shares, strict=True)}
         for c, fails in zip(sampled.tolist(), failed.tolist(), strict=True):
             msg = server.message(c)
@@ -306,11 +333,10 @@ class HFLEngine(ServerModel, Suspendable):
             if fails:  # it received the model, then failed before uploading
                 client.sync(msg)
                 continue
-            X, y = data.clients[c]
-            upload = client.train(msg, X, y, rnd, **budget.get(c, {}))
+            upload = client.train(msg, data.clients[c], rnd, **budget.get(c, {}))
             bytes_up += len(upload)
-            server.receive(c, upload, float(len(y)))
-            weights.append(float(len(y)))
+            server.receive(c, upload, float(data.sizes[c]))
+            weights.append(float(data.sizes[c]))
             losses.append(client.train_loss)
         broadcast = server.close_round()
         if broadcast is not None:  # every client patches its copy of the last anchor
@@ -320,22 +346,20 @@ class HFLEngine(ServerModel, Suspendable):
         metrics: dict[str, float] = {"participants": float(len(losses)), "dropped": float(int(failed.sum()))}
         return self._round_event(rnd, metrics, losses, weights, bytes_up, bytes_down, t0)
 
-    @torch.no_grad()
     def _evaluate(self) -> dict[str, float]:
-        """Test metrics of the server model (:meth:`sluice.data.FederatedData.test_metrics`)."""
-        set_flat(self.model, self.server.params)
-        self.model.eval()
-        return self.data.test_metrics(self.model(torch.from_numpy(self.data.X_test)))
+        """Test metrics of the server model (:meth:`sluice.hfl.learner.Learner.evaluate`)."""
+        return self.learner.evaluate(self.server.params, self.server.buffers, self.data.task.test)
 
     # -- checkpoint ---------------------------------------------------------------------------
     def checkpoint(self) -> bytes:
         """The whole simulation as bytes: the server's and every client's state, the sampling RNG, the
-        clients' training data and the settings (:meth:`limit_samples`, :meth:`set_min_samples`,
-        :meth:`set_trainable_layers`). The test set comes from the configuration."""
+        samples each client holds (how many of its own, and those added) and the settings
+        (:meth:`limit_samples`, :meth:`set_min_samples`, :meth:`set_trainable_layers`). The task comes from
+        the configuration."""
         self.start()
         return pack({"kind": "hfl-simulator", "server": self.server.state_bytes(),
                      "clients": [c.state_bytes() for c in self.clients], "rng": self._rng.bit_generator.state,
-                     "data": [[X, y] for X, y in self.data.clients], "min_samples": self._min_samples,
+                     "data": self.data.tree(), "min_samples": self._min_samples,
                      "trainable_layers": self._trainable})
 
     def restore(self, buf: bytes) -> None:
@@ -345,10 +369,9 @@ class HFLEngine(ServerModel, Suspendable):
         self.start()
         if len(clients) != len(self.clients):
             raise ConfigError(f"the checkpoint holds {len(clients)} clients, this federation has {len(self.clients)}")
-        self.data = dataclasses.replace(self.data, clients=[(X, y) for X, y in data])
+        self.data = self.data.restored(data)
         self.server = self.server_cls.from_state_bytes(self.cfg, server)
-        self.clients = [self.client_cls.from_state_bytes(self.cfg, b, model=self.model, theta0=self.theta0)
-                        for b in clients]
+        self.clients = [self.client_cls.from_state_bytes(self.cfg, b, self.learner) for b in clients]
         self._rng = np.random.default_rng()
         self._rng.bit_generator.state = rng
         self._min_samples, self._trainable = int(min_samples), trainable

@@ -83,12 +83,13 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import numpy as np
-from torch import nn
+from torch.utils.data import Dataset
 
 from sluice.compress.codecs import count_sketch, sketch_hashes, to_dense, topk_indices
 from sluice.errors import TrainingError, WireError
 from sluice.hfl.client import Client
 from sluice.hfl.config import HFLConfig
+from sluice.hfl.learner import Learner
 from sluice.hfl.server import Server, UploadInbox
 from sluice.hfl.state import field, pack, unpack
 from sluice.wire.frame import KIND_RAW, check_header, frame, read_varint, unframe, varint
@@ -481,6 +482,7 @@ class _PeerClient(Client):
     layers, ``train_loss`` and local training (:meth:`Client.local_update`); the compression is the subclass's."""
 
     STATE_KIND: ClassVar[str] = "peer-client"
+    carries_buffers = False
 
     @property
     def d(self) -> int:
@@ -506,18 +508,16 @@ class _PeerClient(Client):
 
     def state_bytes(self) -> bytes:
         """The held model, trainable layers, last loss and the method's own state as bytes."""
-        return pack({"kind": self.STATE_KIND, "client_id": self.client_id, "num_features": self.num_features,
-                     "num_classes": self.num_classes, "held": self._held, "trainable_layers": self.trainable_layers,
+        return pack({"kind": self.STATE_KIND, "client_id": self.client_id, "held": self._held,
+                     "trainable_layers": self.trainable_layers,
                      "train_loss": self.train_loss, **self._extra()})
 
     @classmethod
-    def from_state_bytes(cls, cfg: HFLConfig, buf: bytes, *, model: nn.Module | None = None,
-                         theta0: np.ndarray | None = None) -> _PeerClient:
+    def from_state_bytes(cls, cfg: HFLConfig, buf: bytes, learner: Learner) -> _PeerClient:
         """The client :meth:`state_bytes` saved, under configuration ``cfg``."""
         tree = unpack(buf)
-        cid, nf, nc, held, layers, loss = field(tree, cls.STATE_KIND, "client_id", "num_features", "num_classes",
-                                                "held", "trainable_layers", "train_loss")
-        out = cls(cfg, cid, nf, nc, model=model, theta0=theta0)
+        cid, held, layers, loss = field(tree, cls.STATE_KIND, "client_id", "held", "trainable_layers", "train_loss")
+        out = cls(cfg, cid, learner)
         if held is not None and held.shape != out.theta0.shape:
             raise WireError(f"client state: held model has shape {held.shape}, expected {out.theta0.shape}")
         out._held = held
@@ -605,9 +605,8 @@ class STCClient(_ChainClient):
     STATE_KIND = "stc-client"
     TAG = _TAG_TERNARY
 
-    def __init__(self, cfg: HFLConfig, client_id: int, num_features: int, num_classes: int, *,
-                 model: nn.Module | None = None, theta0: np.ndarray | None = None) -> None:
-        super().__init__(cfg, client_id, num_features, num_classes, model=model, theta0=theta0)
+    def __init__(self, cfg: HFLConfig, client_id: int, learner: Learner) -> None:
+        super().__init__(cfg, client_id, learner)
         self.k = _count(cfg.compression.up_ratio, self.d)
         self.residual = np.zeros(self.d, dtype=np.float64)
 
@@ -615,9 +614,9 @@ class STCClient(_ChainClient):
         idx, vals = _read_ternary(entry, self.d)
         model[idx] += vals
 
-    def train(self, server_message: bytes, X: np.ndarray, y: np.ndarray, round: int) -> bytes:
+    def train(self, server_message: bytes, data: Dataset, round: int) -> bytes:
         held = self.sync(server_message)
-        a = self.residual + self.local_update(held, X, y, round)
+        a = self.residual + self.local_update(held, data, round)
         idx, neg, mu, vals = _ternarise(a, self.k)
         a[idx] -= vals
         self.residual = a
@@ -708,9 +707,9 @@ class FetchSGDClient(_PeerClient):
     STATE_KIND = "fetchsgd-client"
     hparams: ClassVar[FetchSGDParams] = FetchSGDParams()
 
-    def train(self, server_message: bytes, X: np.ndarray, y: np.ndarray, round: int) -> bytes:
+    def train(self, server_message: bytes, data: Dataset, round: int) -> bytes:
         held = self.sync(server_message)
-        delta = self.local_update(held, X, y, round)
+        delta = self.local_update(held, data, round)
         rows, cols = _sketch_shape(self.cfg, self.d)
         payload, _ = count_sketch(rows, cols, seed=_sketch_seed(self.cfg)).update(delta, cols, self._rng(round))
         table = payload.table.astype(np.float16 if self.hparams.values == "fp16" else np.float32)
@@ -743,9 +742,8 @@ class DGCClient(_PeerClient):
     STATE_KIND = "dgc-client"
     hparams: ClassVar[DGCParams] = DGCParams()
 
-    def __init__(self, cfg: HFLConfig, client_id: int, num_features: int, num_classes: int, *,
-                 model: nn.Module | None = None, theta0: np.ndarray | None = None) -> None:
-        super().__init__(cfg, client_id, num_features, num_classes, model=model, theta0=theta0)
+    def __init__(self, cfg: HFLConfig, client_id: int, learner: Learner) -> None:
+        super().__init__(cfg, client_id, learner)
         self.velocity = np.zeros(self.d, dtype=np.float64)  # u
         self.accumulated = np.zeros(self.d, dtype=np.float64)  # v
 
@@ -759,9 +757,9 @@ class DGCClient(_PeerClient):
         stage = (round - 1) * 4 // w
         return max(final, 0.25 ** (stage + 1))
 
-    def train(self, server_message: bytes, X: np.ndarray, y: np.ndarray, round: int) -> bytes:
+    def train(self, server_message: bytes, data: Dataset, round: int) -> bytes:
         held = self.sync(server_message)
-        delta = self.local_update(held, X, y, round)
+        delta = self.local_update(held, data, round)
         self.velocity = self.hparams.momentum * self.velocity + delta
         self.accumulated = self.accumulated + self.velocity
         idx = topk_indices(self.accumulated, _count(self.density(round), self.d))
@@ -830,9 +828,9 @@ class QSGDClient(_ChainClient):
     def _apply_entry(self, model: np.ndarray, entry: bytes) -> None:
         model += _read_qsgd(entry, self.d)
 
-    def train(self, server_message: bytes, X: np.ndarray, y: np.ndarray, round: int) -> bytes:
+    def train(self, server_message: bytes, data: Dataset, round: int) -> bytes:
         held = self.sync(server_message)
-        delta = self.local_update(held, X, y, round)
+        delta = self.local_update(held, data, round)
         s, b = self.hparams.levels, self.hparams.bucket
         norms, q = _qsgd_quantise(delta, s, b, self._rng(round))
         return _pack_updates(_TAG_QSGD, self.d, [_qsgd_entry(norms, q, s, b)])

@@ -124,6 +124,7 @@ from sluice.hfl.config import HFLConfig
 from sluice.hfl.downlink import Downlink
 from sluice.hfl.state import field, pack, unpack
 from sluice.wire import dtypes
+from sluice.wire.buffers import split_buffers, with_buffers
 from sluice.wire.vector import SparsePayload, float_values, replay_block
 
 GAIN_BOUNDS = (1.0, 10.0)
@@ -354,6 +355,8 @@ class UploadInbox:
     num_clients: int
     _uploads: dict[int, tuple[np.ndarray, float]]
     round: int
+    buffers: np.ndarray | None = None
+    _buffer_uploads: dict[int, np.ndarray]
 
     def _decode_upload(self, upload: bytes) -> np.ndarray:  # pragma: no cover - every server defines it
         raise NotImplementedError
@@ -375,10 +378,22 @@ class UploadInbox:
         if not math.isfinite(w) or w < 0:
             raise DataError(f"the weight of client {c}'s upload must be a finite number >= 0, got {weight!r}")
         try:
+            upload, buffers = split_buffers(upload, 0 if self.buffers is None else self.buffers.shape[0])
             estimate = self._decode_upload(upload)
         except WireError as exc:
             raise WireError(f"upload of client {c}: {exc}") from None
         self._uploads[c] = (estimate, w)
+        if buffers is not None:
+            self._buffer_uploads[c] = buffers
+
+    def _average_buffers(self) -> None:
+        """The buffers become the weighted average of the round's uploaded ones (FedAvg of the buffers)."""
+        ids = [i for i in sorted(self._buffer_uploads) if self._uploads[i][1] > 0]
+        if ids:
+            w = np.asarray([self._uploads[i][1] for i in ids], dtype=np.float64)
+            stacked = np.stack([self._buffer_uploads[i].astype(np.float64) for i in ids])
+            self.buffers = (w @ stacked / w.sum()).astype(np.float32)
+        self._buffer_uploads = {}
 
     @property
     def received(self) -> int:
@@ -397,7 +412,10 @@ class Server(UploadInbox):
     absent from the aggregate. :meth:`state_bytes` / :meth:`from_state_bytes` save and restore everything.
     """
 
-    def __init__(self, cfg: HFLConfig, params: np.ndarray, num_clients: int, *, output_layer: int = 0) -> None:
+    carries_buffers = True
+
+    def __init__(self, cfg: HFLConfig, params: np.ndarray, num_clients: int, *, output_layer: int = 0,
+                 buffers: np.ndarray | None = None) -> None:
         c = cfg.compression
         self.cfg = cfg
         self.num_clients = int(num_clients)
@@ -406,6 +424,8 @@ class Server(UploadInbox):
         self.replay = replayed_from(cfg, self.d, output_layer)
         self.downlink = Downlink(self.d, c.downlink, c.anchor_every, num_clients=self.num_clients, replay=self.replay)
         self._uploads: dict[int, tuple[np.ndarray, float]] = {}
+        self.buffers = None if buffers is None or buffers.size == 0 else np.asarray(buffers, dtype=np.float32)
+        self._buffer_uploads: dict[int, np.ndarray] = {}
 
     @property
     def params(self) -> np.ndarray:
@@ -419,12 +439,13 @@ class Server(UploadInbox):
 
     def message(self, client_id: int) -> bytes:
         """This round's downlink message for ``client_id``: it brings that client to θ_t exactly."""
-        return self.downlink.message(self._check_client(client_id), self.state.params, self.replayed_velocity())
+        msg = self.downlink.message(self._check_client(client_id), self.state.params, self.replayed_velocity())
+        return with_buffers(msg, self.buffers)
 
     def resync_message(self) -> bytes:
         """The message that brings a client holding anything (or nothing) to θ_t: the dense model, with the
         replayed velocity when momentum is replayed."""
-        return self.downlink.full_message(self.state.params, self.replayed_velocity())
+        return with_buffers(self.downlink.full_message(self.state.params, self.replayed_velocity()), self.buffers)
 
     def replayed_velocity(self) -> np.ndarray | None:
         """The replayed velocity (float32), or None without replay."""
@@ -437,6 +458,7 @@ class Server(UploadInbox):
         """Aggregate, apply top-k with error feedback, record the step for the downlink; return the anchor
         broadcast every client must receive (anchor mode, every ``anchor_every`` rounds) or None."""
         c = self.cfg.compression
+        self._average_buffers()
         if self._uploads:
             ids = sorted(self._uploads)
             g = aggregate([self._uploads[i][0] for i in ids], [self._uploads[i][1] for i in ids], self.d)
@@ -463,9 +485,10 @@ class Server(UploadInbox):
                      "output_layer": 0 if self.replay is None else self.d - self.replay,
                      "residual": s.residual, "momentum": s.momentum, "round": s.round, "gain": s.gain,
                      "last_idx": s.last_idx, "last_sign": s.last_sign, "evidence": list(s.evidence),
-                     "replay_gain": s.replay_gain,
+                     "replay_gain": s.replay_gain, "buffers": self.buffers,
                      "downlink": self.downlink.to_tree(),
-                     "uploads": [[i, est, w] for i, (est, w) in sorted(self._uploads.items())]})
+                     "uploads": [[i, est, w] for i, (est, w) in sorted(self._uploads.items())],
+                     "buffer_uploads": [[i, b] for i, b in sorted(self._buffer_uploads.items())]})
 
     @classmethod
     def from_state_bytes(cls, cfg: HFLConfig, buf: bytes) -> Server:
@@ -476,7 +499,7 @@ class Server(UploadInbox):
         if down.get("mode") != cfg.compression.downlink:
             raise TrainingError(f"the saved server used downlink {down.get('mode')!r}, the configuration "
                                 f"says {cfg.compression.downlink!r}")
-        out = cls(cfg, params, n, output_layer=int(tree.get("output_layer", 0)))
+        out = cls(cfg, params, n, output_layer=int(tree.get("output_layer", 0)), buffers=tree.get("buffers"))
         if residual.shape != (out.d,) or momentum.shape != (out.d,):
             raise WireError(f"server state: residual/momentum do not have the model's {out.d} coordinates")
         # states saved before the adaptive step have no gain: they start it at 1
@@ -494,4 +517,5 @@ class Server(UploadInbox):
                                 last_idx, last_sign, float(tree.get("replay_gain", 1.0)), evidence)
         out.downlink = Downlink.from_tree(down)
         out._uploads = {int(i): (est, float(w)) for i, est, w in uploads}
+        out._buffer_uploads = {int(i): b for i, b in tree.get("buffer_uploads", [])}
         return out

@@ -13,6 +13,7 @@ from pydantic import Field
 
 from sluice.data.config import ScenarioTable
 from sluice.schema import Section
+from sluice.tasks.config import DEVICE_PATTERN, TaskConfig
 
 
 class LocalData(Section):
@@ -23,7 +24,7 @@ class LocalData(Section):
 
 
 class LocalModel(Section):
-    hidden: list[int] = Field(default_factory=lambda: [64])
+    hidden: list[int] = Field(default_factory=lambda: [64], description="hidden layers of a built-in MLP task")
 
 
 class LocalTrain(Section):
@@ -32,10 +33,12 @@ class LocalTrain(Section):
     momentum: float = Field(0.0, ge=0, lt=1)
     batch_size: int = Field(32, ge=1)
     min_samples: int = Field(1, ge=0, description="fewer samples = inadequate training data")
+    device: str = Field("cpu", pattern=DEVICE_PATTERN, description="where training runs: auto, cpu, cuda or cuda:N")
 
 
 class LocalConfig(Section):
     seed: int = 0
+    task: TaskConfig = Field(default_factory=TaskConfig)
     data: LocalData = Field(default_factory=LocalData)
     model: LocalModel = Field(default_factory=LocalModel)
     train: LocalTrain = Field(default_factory=LocalTrain)

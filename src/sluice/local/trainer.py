@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import math
+import numbers
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -26,51 +27,52 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from torch import nn
+from torch.utils.data import TensorDataset
 
 from sluice.engine import IterationEvent, Suspendable
 from sluice.errors import ConfigError, DataError, TrainingError
 from sluice.hfl.state import field, pack, unpack
-from sluice.metrics import (
-    CLASSIFICATION,
-    KNOWN,
-    REGRESSION,
-    MetricSpec,
-    classification_metrics,
-    declare,
-    regression_metrics,
-)
-from sluice.models import get_flat, mlp, set_flat
+from sluice.metrics import MetricSpec
+from sluice.models import get_flat, layers, mlp, set_flat
+from sluice.models.device import resolve_device
 from sluice.models.state import load_module_tree, load_optimizer_tree, module_tree, optimizer_tree
+from sluice.tasks.task import (
+    Task,
+    batch,
+    build_model,
+    check_task,
+    concat,
+    extend,
+    predict,
+    take,
+    task_metrics,
+    to_device,
+)
 
 MetricFn = Callable[[np.ndarray, np.ndarray], float]
 
 
 class LocalTrainer(Suspendable):
-    """Implements :class:`sluice.engine.Engine` for centralised training of an MLP."""
+    """Implements :class:`sluice.engine.Engine` for centralised training of a task's model on its one training
+    set (a task with one dataset per client trains on all of them, in client order).
+
+    The optimizer is the task's, or SGD with ``lr`` and ``momentum``. :meth:`from_arrays` builds the task of an
+    MLP on arrays."""
 
     def __init__(
         self,
-        X_train: np.ndarray,
-        y_train: np.ndarray,
-        X_test: np.ndarray,
-        y_test: np.ndarray,
+        task: Task,
         *,
-        task: Literal["classification", "regression"] = "classification",
-        num_classes: int | None = None,
-        hidden: Sequence[int] = (64,),
         lr: float = 0.05,
         momentum: float = 0.0,
         batch_size: int = 32,
         steps_per_iteration: int | None = None,
         min_samples: int = 1,
-        metric_fns: dict[str, MetricFn] | None = None,
-        metric_specs: Sequence[MetricSpec] = (),
+        max_train_samples: int | None = None,
         seed: int = 0,
         default_iterations: int | None = None,
+        device: str = "cpu",
     ) -> None:
-        if task not in ("classification", "regression"):
-            raise ConfigError(f"task must be 'classification' or 'regression', got {task!r}")
         if lr <= 0 or not 0 <= momentum < 1 or batch_size < 1 or min_samples < 0:
             raise ConfigError(
                 "need lr > 0, 0 <= momentum < 1, batch_size >= 1 and min_samples >= 0, got "
@@ -78,39 +80,51 @@ class LocalTrainer(Suspendable):
             )
         if steps_per_iteration is not None and steps_per_iteration < 1:
             raise ConfigError(f"steps_per_iteration must be >= 1, got {steps_per_iteration}")
-        self.task = task
-        self.X, self.y = self._check(X_train, y_train)
-        self.X_test, self.y_test = self._check(X_test, y_test)
-        if self.X_test.shape[1] != self.X.shape[1]:
-            raise DataError(f"train has {self.X.shape[1]} features but test has {self.X_test.shape[1]}")
-        if task == "classification":
-            seen = max(int(self.y.max(initial=-1)), int(self.y_test.max(initial=-1))) + 1
-            self.num_classes = int(num_classes or seen)
-            if seen > self.num_classes:
-                raise DataError(f"labels go up to {seen - 1} but num_classes is {self.num_classes}")
-            out_dim = self.num_classes
-        else:
-            self.num_classes = 0
-            out_dim = 1 if self.y.ndim == 1 else int(self.y.shape[1])
-        self.in_dim, self.out_dim = int(self.X.shape[1]), out_dim
-        self.hidden = [int(h) for h in hidden]
+        self.task_def = task
+        self.task = task.kind
+        train = concat(task.train) if task.per_client else task.train
+        self.base = train if max_train_samples is None or max_train_samples >= len(train) else \
+            take(train, range(max_train_samples))
+        self.added: tuple[np.ndarray, np.ndarray] | None = None
         self.lr, self.momentum, self.batch_size = float(lr), float(momentum), int(batch_size)
         self.steps_per_iteration = steps_per_iteration
         self.min_samples = int(min_samples)
-        self.metric_fns = dict(metric_fns or {})
-        specs = {s.name: s for s in metric_specs}
-        undeclared = sorted(set(self.metric_fns) - set(specs) - set(KNOWN))
-        if undeclared:
-            raise ConfigError(f"metric functions {undeclared} need a MetricSpec in metric_specs (whether higher "
-                              "is better, and the range)")
-        self.metric_specs = [specs.get(n) or KNOWN[n] for n in self.metric_fns]
+        self.metric_specs = list(task.specs())
         self.seed = int(seed)
         self.default_iterations = default_iterations
+        self.device = resolve_device(device)
         self.iteration = 0
         self._limit: int | None = None
         self._suspended = False
-        self.model: nn.Module | None = None
+        self.model: torch.nn.Module | None = None
         self._trainable: int | None = None
+
+    @classmethod
+    def from_arrays(cls, X_train: Any, y_train: Any, X_test: Any, y_test: Any, *,
+                    kind: Literal["classification", "regression"] = "classification", num_classes: int | None = None,
+                    hidden: Sequence[int] = (64,), metric_fns: dict[str, MetricFn] | None = None,
+                    metric_specs: Sequence[MetricSpec] = (), seed: int = 0, name: str = "arrays",
+                    **kwargs: Any) -> LocalTrainer:
+        """A trainer of an MLP with ``hidden`` units on arrays: class ids (``num_classes`` outputs; default: the
+        largest label + 1) or regression targets (1-D or 2-D)."""
+        if kind not in ("classification", "regression"):
+            raise ConfigError(f"kind must be 'classification' or 'regression', got {kind!r}")
+        X, y = _arrays(X_train, y_train, kind)
+        Xt, yt = _arrays(X_test, y_test, kind)
+        if Xt.shape[1] != X.shape[1]:
+            raise DataError(f"train has {X.shape[1]} features but test has {Xt.shape[1]}")
+        if kind == "classification":
+            seen = max(int(y.max(initial=-1)), int(yt.max(initial=-1))) + 1
+            out = int(num_classes or seen)
+            if seen > out:
+                raise DataError(f"labels go up to {seen - 1} but num_classes is {out}")
+        else:
+            out = 1 if y.ndim == 1 else int(y.shape[1])
+        task = Task(model=lambda: mlp(X.shape[1], [int(h) for h in hidden], out, seed=seed),
+                    train=TensorDataset(torch.from_numpy(X), torch.from_numpy(y)),
+                    test=TensorDataset(torch.from_numpy(Xt), torch.from_numpy(yt)), metrics=dict(metric_fns or {}),
+                    metric_specs=tuple(metric_specs), name=name)
+        return cls(task, seed=seed, **kwargs)
 
     @classmethod
     def from_dataset(cls, name: str = "digits", *, seed: int = 0, test_fraction: float = 0.2,
@@ -119,51 +133,46 @@ class LocalTrainer(Suspendable):
         from sluice.data import load_dataset
 
         ds = load_dataset(name, seed=seed, test_fraction=test_fraction)
-        return cls(ds.X_train, ds.y_train, ds.X_test, ds.y_test, num_classes=ds.num_classes, seed=seed,
-                   **kwargs)
+        return cls.from_arrays(ds.X_train, ds.y_train, ds.X_test, ds.y_test, num_classes=ds.num_classes, seed=seed,
+                               name=name, **kwargs)
 
-    def _check(self, X: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
-        X = np.ascontiguousarray(X, dtype=np.float32)
-        if X.ndim != 2:
-            raise DataError(f"X must be 2-D (samples × features), got shape {X.shape}")
-        if self.task == "classification":
-            y = np.ascontiguousarray(y, dtype=np.int64).reshape(-1)
-            if y.size and y.min() < 0:
-                raise DataError("class labels must be >= 0")
-        else:
-            y = np.ascontiguousarray(y, dtype=np.float32)
-            if y.ndim > 2:
-                raise DataError(f"regression targets must be 1-D or 2-D, got shape {y.shape}")
-        if y.shape[0] != X.shape[0]:
-            raise DataError(f"X has {X.shape[0]} rows but y has {y.shape[0]}")
-        return X, y
+    # ------------------------------------------------------------------ data
+    @property
+    def data(self) -> torch.utils.data.Dataset:
+        """The training samples held: the task's, then those added."""
+        return self.base if self.added is None else extend(self.base, *self.added)
+
+    def _in_use(self) -> torch.utils.data.Dataset:
+        data = self.data
+        n = self.num_samples
+        return data if n == len(data) else take(data, range(n))
 
     # ------------------------------------------------------------------ optional capabilities
     @property
     def num_samples(self) -> int:
         """Training samples in use."""
-        n = self.X.shape[0]
+        n = len(self.base) + (0 if self.added is None else len(self.added[1]))
         return n if self._limit is None else min(n, self._limit)
 
     @property
     def num_layers(self) -> int:
-        """Trainable (linear) layers of the model."""
-        return len(self.hidden) + 1
+        """Layers of the model that hold parameters (:func:`sluice.models.layers`)."""
+        self.start()
+        return len(layers(self.model))
 
     @property
     def metrics(self) -> dict[str, MetricSpec]:
-        base = CLASSIFICATION if self.task == "classification" else REGRESSION
-        return declare(("train_loss", *base), self.metric_specs)
+        return self.task_def.declared_metrics()
 
     counts_bytes = False
 
-    def set_trainable_layers(self, layers: int) -> None:
-        """Train only the last ``layers`` linear layers; earlier ones are frozen."""
-        if not 1 <= layers <= self.num_layers:
-            raise ConfigError(f"layers to train must be in 1..{self.num_layers}, got {layers}")
-        self._trainable = layers
-        if self.model is not None:
-            self._apply_trainable()
+    def set_trainable_layers(self, n: int) -> None:
+        """Train only the last ``n`` layers; earlier ones are frozen."""
+        total = self.num_layers
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or not 1 <= n <= total:
+            raise ConfigError(f"layers to train must be in 1..{total}, got {n!r}")
+        self._trainable = int(n)
+        self._apply_trainable()
 
     def limit_samples(self, n: int) -> None:
         """Use only the first ``n`` training samples."""
@@ -190,18 +199,25 @@ class LocalTrainer(Suspendable):
         if self.model is not None:
             return
         torch.set_num_threads(1)
-        self.model = mlp(self.in_dim, self.hidden, self.out_dim, seed=self.seed)
+        model = build_model(self.task_def, self.seed).to(self.device)
+        check_task(self.task_def, model, [self.base])
+        self.base = to_device(self.base, self.device)
+        self.model = model
+        self.loss = self.task_def.loss_fn()
         self._apply_trainable()
 
     def _apply_trainable(self) -> None:
-        assert self.model is not None
-        linears = [m for m in self.model if isinstance(m, nn.Linear)]
-        keep = len(linears) if self._trainable is None else self._trainable
-        for i, lin in enumerate(linears):
-            for p in lin.parameters():
-                p.requires_grad_(i >= len(linears) - keep)
+        if self.model is None:
+            return
+        groups = layers(self.model)
+        keep = len(groups) if self._trainable is None else self._trainable
+        for i, group in enumerate(groups):
+            for p in group:
+                p.requires_grad_(i >= len(groups) - keep)
         params = [p for p in self.model.parameters() if p.requires_grad]
-        self.opt = torch.optim.SGD(params, lr=self.lr, momentum=self.momentum)
+        opt = self.task_def.optimizer
+        self.opt = opt(params, self.lr) if opt is not None else torch.optim.SGD(params, lr=self.lr,
+                                                                                momentum=self.momentum)
 
     def check_data(self, data: Any) -> tuple[np.ndarray, np.ndarray]:
         """Samples for :meth:`add_data` (``{"X": ..., "y": ...}`` or ``(X, y)``) as arrays, or DataError when
@@ -220,30 +236,46 @@ class LocalTrainer(Suspendable):
             np.isfinite(raw_y).all() and (raw_y == np.round(raw_y)).all()
         ):
             raise DataError("class labels must be whole numbers (no NaN, inf or fractions)")
-        X, y = self._check(X, y)
-        if X.shape[1] != self.in_dim:
-            raise DataError(f"added data has {X.shape[1]} features, the model takes {self.in_dim}")
+        X, y = _arrays(X, y, self.task, flat=False)
+        x0, _ = batch(self.base, torch.zeros(1, dtype=torch.int64))
+        if X.shape[1:] != tuple(x0.shape[1:]):
+            what = f"{x0.shape[1]} features" if x0.ndim == 2 else f"inputs of shape {tuple(x0.shape[1:])}"
+            raise DataError(f"added data has {X.shape[1] if X.ndim == 2 else X.shape[1:]} features, the model takes "
+                            f"{what}")
         if not (np.isfinite(X).all() and np.isfinite(y).all()):
             raise DataError("added data has non-finite values (NaN or inf)")
-        if self.task == "classification" and y.size and int(y.max()) >= self.num_classes:
-            raise DataError(f"added labels go up to {int(y.max())}; classes are 0..{self.num_classes - 1}")
-        return X, y
+        self.start()
+        if self.task == "classification" and y.size:
+            classes = self._outputs()
+            if int(y.max()) >= classes:
+                raise DataError(f"added labels go up to {int(y.max())}; classes are 0..{classes - 1}")
+        prepare = self.task_def.prepare
+        return prepare(X, y) if prepare is not None else (X, y)
+
+    def _outputs(self) -> int:
+        assert self.model is not None
+        x, _ = batch(self.base, torch.zeros(1, dtype=torch.int64))
+        with torch.no_grad():
+            self.model.eval()
+            return int(self.model(x.to(self.device)).shape[1])
 
     def add_data(self, data: Any) -> None:
         """Append samples: ``{"X": ..., "y": ...}`` or ``(X, y)`` (checked by :meth:`check_data`)."""
         X, y = self.check_data(data)
         if self._limit is not None:
-            self._limit += X.shape[0]
-        self.X = np.concatenate([self.X, X])
-        self.y = np.concatenate([self.y, y])
+            self._limit = self.num_samples + X.shape[0]
+        self.added = (X, y) if self.added is None else (np.concatenate([self.added[0], X]),
+                                                        np.concatenate([self.added[1], y]))
 
     def save(self, path: str | Path) -> str:
+        """The model as a CPU ``state_dict`` (loads on any device), with the task's name and the iteration."""
         self.start()
         assert self.model is not None
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"state_dict": self.model.state_dict(), "in_dim": self.in_dim, "hidden": self.hidden,
-                    "out_dim": self.out_dim, "task": self.task, "iteration": self.iteration}, p)
+        state = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        torch.save({"state_dict": state, "task": self.task_def.name, "kind": self.task,
+                    "iteration": self.iteration}, p)
         return str(p)
 
     def probe(self, iterations: int = 2) -> float:
@@ -267,44 +299,35 @@ class LocalTrainer(Suspendable):
     # ------------------------------------------------------------------ checkpoint
     def checkpoint(self) -> bytes:
         """The whole training state as bytes (:func:`sluice.hfl.state.pack`): the weights, the optimizer's
-        state (momentum buffers), the iteration count (which seeds the next shuffles), the training samples
-        (those added by :meth:`add_data` included) and the settings (:meth:`limit_samples`,
-        :meth:`set_min_samples`, :meth:`set_trainable_layers`). The test set comes from the constructor."""
+        state (momentum buffers), the iteration count (which seeds the next shuffles), the samples added by
+        :meth:`add_data` and the settings (:meth:`limit_samples`, :meth:`set_min_samples`,
+        :meth:`set_trainable_layers`). The task's own data comes from the task."""
         self.start()
         assert self.model is not None
         return pack({"kind": "local-trainer", "model": module_tree(self.model), "optimizer": optimizer_tree(self.opt),
-                     "iteration": self.iteration, "X": self.X, "y": self.y, "limit": self._limit,
-                     "min_samples": self.min_samples, "trainable_layers": self._trainable})
+                     "iteration": self.iteration, "added": None if self.added is None else list(self.added),
+                     "limit": self._limit, "min_samples": self.min_samples, "trainable_layers": self._trainable})
 
     def restore(self, buf: bytes) -> None:
         """Continue from a :meth:`checkpoint` of a trainer built with the same arguments: the iterations that
         follow are those the checkpointed trainer would have run."""
-        model, opt, iteration, X, y, limit, min_samples, layers = field(
-            unpack(buf), "local-trainer", "model", "optimizer", "iteration", "X", "y", "limit", "min_samples",
+        model, opt, iteration, added, limit, min_samples, trainable = field(
+            unpack(buf), "local-trainer", "model", "optimizer", "iteration", "added", "limit", "min_samples",
             "trainable_layers")
-        X, y = self._check(X, y)
-        if X.shape[1] != self.in_dim:
-            raise DataError(f"the checkpoint's samples have {X.shape[1]} features, the model takes {self.in_dim}")
         self.start()
         assert self.model is not None
-        self._trainable = layers
+        self._trainable = trainable
         self._apply_trainable()
         load_module_tree(self.model, model)
         load_optimizer_tree(self.opt, opt)
-        self.X, self.y = X, y
+        self.added = None if added is None else (added[0], added[1])
         self.iteration, self._limit, self.min_samples = int(iteration), limit, int(min_samples)
 
     # ------------------------------------------------------------------ one iteration
-    def _loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        if self.task == "classification":
-            return nn.functional.cross_entropy(out, y)
-        return nn.functional.mse_loss(out, y.reshape(out.shape))
-
     def _train_once(self) -> float:
         assert self.model is not None
-        n = self.num_samples
-        X = torch.from_numpy(self.X[:n])
-        y = torch.from_numpy(self.y[:n])
+        data = self._in_use()
+        n = len(data)
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.iteration + 1)
         bs = min(self.batch_size, n)
         steps = self.steps_per_iteration or math.ceil(n / bs)
@@ -318,8 +341,9 @@ class LocalTrainer(Suspendable):
                 pos = 0
             idx = order[pos:pos + bs]
             pos += bs
+            x, y = batch(data, idx)
             self.opt.zero_grad(set_to_none=True)
-            loss = self._loss(self.model(X[idx]), y[idx])
+            loss = self.loss(self.model(x.to(self.device)), y.to(self.device))
             loss.backward()
             self.opt.step()
             total += float(loss.detach()) * len(idx)
@@ -329,19 +353,8 @@ class LocalTrainer(Suspendable):
 
     def _evaluate(self) -> dict[str, float]:
         assert self.model is not None
-        self.model.eval()
-        with torch.no_grad():
-            out = self.model(torch.from_numpy(self.X_test))
-        if self.task == "classification":
-            metrics = classification_metrics(out, self.y_test, self.num_classes)
-        else:
-            metrics = regression_metrics(out.numpy().reshape(self.y_test.shape), self.y_test)
-        pred_np = out.numpy()
-        if self.task == "regression":
-            pred_np = pred_np.reshape(self.y_test.shape)
-        for name, fn in self.metric_fns.items():
-            metrics[name] = float(fn(pred_np, self.y_test))
-        return metrics
+        outputs, targets = predict(self.model, self.task_def.test, self.device)
+        return task_metrics(self.task_def, outputs, targets)
 
     def evaluate(self) -> dict[str, float]:
         """Test metrics of the model as it is now, without training it."""
@@ -377,3 +390,21 @@ class LocalTrainer(Suspendable):
         self.start()
         assert self.model is not None
         set_flat(self.model, flat)
+
+
+def _arrays(X: Any, y: Any, kind: str, *, flat: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """``(X, y)`` as float32 inputs (2-D when ``flat``) and int64 class ids or float32 targets."""
+    X = np.ascontiguousarray(X, dtype=np.float32)
+    if flat and X.ndim != 2:
+        raise DataError(f"X must be 2-D (samples × features), got shape {X.shape}")
+    if kind == "classification":
+        y = np.ascontiguousarray(y, dtype=np.int64).reshape(-1)
+        if y.size and y.min() < 0:
+            raise DataError("class labels must be >= 0")
+    else:
+        y = np.ascontiguousarray(y, dtype=np.float32)
+        if y.ndim > 2:
+            raise DataError(f"regression targets must be 1-D or 2-D, got shape {y.shape}")
+    if y.shape[0] != X.shape[0]:
+        raise DataError(f"X has {X.shape[0]} rows but y has {y.shape[0]}")
+    return X, y

@@ -1,7 +1,10 @@
 """View a model's parameters as one flat float32 vector ``theta`` of length ``d = num_params(model)``.
 
 The layout is ``theta = concat(p.reshape(-1) for p in model.parameters())``, so ``set_flat(m, get_flat(m))``
-leaves ``m`` unchanged and index ``i`` of every vector names the same scalar weight on every party.
+leaves ``m`` unchanged and index ``i`` of every vector names the same scalar weight on every party. The
+vectors are float32 whatever the parameters' dtype and device: reading an fp16 or bf16 model is exact,
+writing rounds to its dtype. The floating-point buffers (BatchNorm's running statistics) have a flat view
+of their own (:func:`get_buffers`), and :func:`layers` groups parameters by the submodule that holds them.
 """
 
 from __future__ import annotations
@@ -52,3 +55,47 @@ def set_flat(model: nn.Module, vec: np.ndarray) -> None:
             n = p.numel()
             p.copy_(src[offset : offset + n].view_as(p))
             offset += n
+
+
+def _float_buffers(model: nn.Module) -> list[torch.Tensor]:
+    return [b for b in model.buffers() if torch.is_floating_point(b)]
+
+
+def num_buffers(model: nn.Module) -> int:
+    """Scalars in the model's floating-point buffers (BatchNorm's running mean and variance...)."""
+    return sum(b.numel() for b in _float_buffers(model))
+
+
+def get_buffers(model: nn.Module) -> np.ndarray:
+    """The floating-point buffers concatenated in ``buffers()`` order as one float32 vector (integer buffers,
+    such as BatchNorm's batch counter, stay with the module)."""
+    bufs = [b.detach().reshape(-1).to(device="cpu", dtype=torch.float32) for b in _float_buffers(model)]
+    return torch.cat(bufs).numpy().copy() if bufs else np.zeros(0, dtype=np.float32)
+
+
+def set_buffers(model: nn.Module, vec: np.ndarray) -> None:
+    """Overwrite the floating-point buffers with ``vec`` (the inverse of :func:`get_buffers`), in place."""
+    arr = np.asarray(vec)
+    d = num_buffers(model)
+    if arr.ndim != 1 or arr.shape[0] != d:
+        raise ValueError(f"flat buffer vector must have shape ({d},), got {arr.shape}")
+    src = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32))
+    offset = 0
+    with torch.no_grad():
+        for b in _float_buffers(model):
+            b.copy_(src[offset : offset + b.numel()].view_as(b))
+            offset += b.numel()
+
+
+def layers(model: nn.Module) -> list[list[nn.Parameter]]:
+    """The model's layers: every submodule that holds parameters itself (a convolution, a linear layer, a
+    BatchNorm, an embedding, an LSTM...), in registration order, with those parameters. A parameter shared by
+    two submodules belongs to the first."""
+    seen: set[int] = set()
+    out = []
+    for module in model.modules():
+        own = [p for p in module.parameters(recurse=False) if id(p) not in seen]
+        seen.update(id(p) for p in own)
+        if own:
+            out.append(own)
+    return out

@@ -19,6 +19,7 @@ Kinds are one byte; the registry maps each id to a name. The kinds of this build
     2    sparse    :mod:`sluice.wire.vector`
     3    sketch    :mod:`sluice.wire.vector`
     4    chain     :mod:`sluice.wire.vector` (patch chain)
+    5    buffers   :mod:`sluice.wire.buffers` (a message with the model's buffers beside it)
     16   tensor    :mod:`sluice.wire.tensor`
     17   control   :mod:`sluice.wire.tensor`
     18   raw       :mod:`sluice.wire.tensor`

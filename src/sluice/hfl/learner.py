@@ -1,0 +1,113 @@
+"""Local training of a task on one party's device, from and to flat vectors (SPEC C1).
+
+A :class:`Learner` is built once per simulator or node from the task: the scratch module (on the device),
+the initial model θ_0 and buffers, the loss, the optimizer factory and the model's layers. :meth:`fit`
+trains from a flat model ``θ`` (and buffers) on a dataset and returns ``Δ = θ_local − θ`` as float64, the
+mean training loss and the buffers after training; batches are shuffled with a ``torch.Generator`` seeded
+by the caller, so the same seed gives the same update on every runtime. ``trainable = l`` trains only the
+last ``l`` layers (:func:`sluice.models.layers`): the others get no gradient and their coordinates of Δ
+are exactly zero; their buffers still follow the batches, as a BatchNorm in training mode does.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from sluice.errors import ConfigError
+from sluice.models import get_buffers, get_flat, layers, num_buffers, output_layer, set_buffers, set_flat
+from sluice.models.device import resolve_device
+from sluice.tasks.task import Task, batch, build_model, check_task, predict, task_metrics, to_device
+
+
+class Learner:
+    """The task's model on ``device`` and how a party trains it (see the module docstring)."""
+
+    def __init__(self, task: Task, seed: int, device: str = "cpu") -> None:
+        self.task = task
+        self.device = resolve_device(device)
+        self.model = build_model(task, seed).to(self.device)
+        self.theta0 = get_flat(self.model)
+        self.buffers0 = get_buffers(self.model)
+        self.num_buffers = num_buffers(self.model)
+        self.loss = task.loss_fn()
+        self.layers = layers(self.model)
+
+    @property
+    def d(self) -> int:
+        return int(self.theta0.shape[0])
+
+    @property
+    def output_layer(self) -> int:
+        return output_layer(self.model)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def check(self, clients: list[Dataset]) -> list[Dataset]:
+        """The clients' datasets checked against the task (:func:`sluice.tasks.task.check_task`) and, when they
+        are tensors, moved to the device."""
+        check_task(self.task, self.model, clients)
+        return [to_device(ds, self.device) for ds in clients]
+
+    def check_layers(self, trainable: int | None) -> int | None:
+        """``trainable`` checked: None (all layers) or an integer in ``1..num_layers``."""
+        if trainable is None:
+            return None
+        n = self.num_layers
+        if isinstance(trainable, bool) or not isinstance(trainable, numbers.Integral) or not 1 <= trainable <= n:
+            raise ConfigError(f"layers to train must be in 1..{n} (the layers of task {self.task.name!r} that hold "
+                              f"parameters), got {trainable!r}")
+        return int(trainable)
+
+    def _trainable_params(self, trainable: int | None) -> list[torch.nn.Parameter]:
+        keep = len(self.layers) if trainable is None else trainable
+        out = []
+        for i, group in enumerate(self.layers):
+            for p in group:
+                p.requires_grad_(i >= len(self.layers) - keep)
+                if p.requires_grad:
+                    out.append(p)
+        return out
+
+    def load(self, params: np.ndarray, buffers: np.ndarray | None) -> None:
+        """Put the flat model (and buffers, when the model has any) into the scratch module."""
+        set_flat(self.model, params)
+        if self.num_buffers:
+            set_buffers(self.model, self.buffers0 if buffers is None else buffers)
+
+    def fit(self, params: np.ndarray, buffers: np.ndarray | None, data: Dataset, *, epochs: int, batch_size: int,
+            lr: float, seed: int, trainable: int | None = None) -> tuple[np.ndarray, float, np.ndarray | None]:
+        """Train from ``params`` (and ``buffers``) on ``data``; return ``(Δ, mean loss, buffers after)``."""
+        self.load(params, buffers)
+        start = get_flat(self.model).astype(np.float64)
+        model = self.model
+        model.train()
+        gen = torch.Generator().manual_seed(seed)
+        opt = self.task.make_optimizer(self._trainable_params(trainable), lr)
+        n = len(data)
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        count = 0
+        for _ in range(epochs):
+            order = torch.randperm(n, generator=gen)
+            for s in range(0, n, batch_size):
+                x, y = batch(data, order[s : s + batch_size])
+                x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+                opt.zero_grad(set_to_none=True)
+                loss = self.loss(model(x), y)
+                loss.backward()
+                opt.step()
+                total += loss.detach().double() * len(y)
+                count += len(y)
+        delta = get_flat(model).astype(np.float64) - start
+        return delta, float(total) / max(count, 1), get_buffers(model) if self.num_buffers else None
+
+    def evaluate(self, params: np.ndarray, buffers: np.ndarray | None, test: Dataset) -> dict[str, float]:
+        """Test metrics of the flat model on ``test`` (:func:`sluice.tasks.task.task_metrics`)."""
+        self.load(params, buffers)
+        outputs, targets = predict(self.model, test, self.device)
+        return task_metrics(self.task, outputs, targets)

@@ -1,0 +1,93 @@
+"""The ``[task]`` section of a job, and how a job's task is found and built.
+
+``[task] name = "<built-in>"`` names a built-in task (:mod:`sluice.tasks.builtin`); ``[task] factory =
+"package.module:function"`` names a function that returns a :class:`~sluice.tasks.Task`, imported where the
+job runs (on Flower, on every SuperNode: where the data lives). ``[task.args]`` are its keyword arguments;
+a factory that takes a ``seed`` argument gets the job's seed unless ``[task.args]`` gives one. Without a
+``[task]`` section the task is the built-in named by ``[data] dataset``, an MLP of ``[model] hidden``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from sluice.errors import TaskError
+from sluice.schema import Section
+
+DEVICE_PATTERN = r"^(auto|cpu|cuda(:\d+)?)$"
+"""What a ``train.device`` setting accepts (:func:`sluice.models.device.resolve_device` resolves it)."""
+
+BUILTIN_NAMES = ("digits", "breast_cancer", "mnist", "synthetic", "coverage", "energy", "kpi_anomaly", "mnist_cnn",
+                 "digits_cnn", "kpi_cnn")
+"""Every built-in task (:mod:`sluice.tasks.builtin`)."""
+
+
+class TaskConfig(Section):
+    name: str | None = Field(None, description="a built-in task (digits, breast_cancer, mnist, synthetic, coverage, "
+                             "energy, kpi_anomaly, mnist_cnn, digits_cnn, kpi_cnn); default: [data] dataset")
+    factory: str | None = Field(None, description="package.module:function returning a sluice.Task, imported "
+                                "where the job runs")
+    args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the task's function")
+
+    @model_validator(mode="after")
+    def _one(self) -> TaskConfig:
+        if self.name is not None and self.factory is not None:
+            raise ValueError("give task.name (a built-in task) or task.factory (your own), not both")
+        if self.factory is not None and ":" not in self.factory:
+            raise ValueError(f"task.factory must be 'package.module:function', got {self.factory!r}")
+        if self.name is not None and self.name not in BUILTIN_NAMES:
+            raise ValueError(f"unknown built-in task {self.name!r}; built-in: {', '.join(BUILTIN_NAMES)}")
+        return self
+
+    @property
+    def label(self) -> str | None:
+        """What the job trains, for names and messages: the built-in's name or the factory's."""
+        return self.name or (self.factory.rsplit(":", 1)[-1] if self.factory else None)
+
+
+def import_factory(ref: str) -> Callable[..., Any]:
+    """The function ``package.module:function``; :class:`TaskError` naming what could not be imported."""
+    module, _, name = ref.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except ImportError as exc:
+        raise TaskError(f"task factory {ref!r}: cannot import {module!r}: {exc}") from None
+    except AttributeError:
+        raise TaskError(f"task factory {ref!r}: module {module!r} has no {name!r}") from None
+    if not callable(fn):
+        raise TaskError(f"task factory {ref!r} is a {type(fn).__name__}, not a function")
+    return fn
+
+
+def call_factory(fn: Callable[..., Any], label: str, args: dict[str, Any], seed: int) -> Any:
+    """``fn(**args)``, with ``seed`` when ``fn`` takes it and ``args`` gives none; a :class:`TaskError` when the
+    arguments do not fit or ``fn`` fails, and when it returns something else than a task."""
+    from sluice.tasks.task import Task
+
+    kwargs = dict(args)
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        params = {}
+    if "seed" in params and "seed" not in kwargs:
+        kwargs["seed"] = int(seed)
+    try:
+        inspect.signature(fn).bind(**kwargs)
+    except TypeError as exc:
+        raise TaskError(f"task {label!r}: arguments {sorted(kwargs)} do not fit: {exc}") from None
+    except ValueError:
+        pass
+    try:
+        task = fn(**kwargs)
+    except TaskError:
+        raise
+    except Exception as exc:  # the user's factory: any failure is the task's
+        raise TaskError(f"task {label!r} failed to build: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(task, Task):
+        raise TaskError(f"task {label!r} returned {type(task).__name__}, not a sluice.Task")
+    return task
