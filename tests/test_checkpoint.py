@@ -18,7 +18,7 @@ from sluice.local.trainer import LocalTrainer
 
 def _local(ds, **kw) -> LocalTrainer:
     args = {"hidden": (16,), "lr": 0.05, "momentum": 0.9, "batch_size": 64, "seed": 3, **kw}
-    return LocalTrainer(ds.X_train, ds.y_train, ds.X_test, ds.y_test, num_classes=10, **args)
+    return LocalTrainer.from_arrays(ds.X_train, ds.y_train, ds.X_test, ds.y_test, num_classes=10, **args)
 
 
 def _key(events) -> list:
@@ -51,7 +51,7 @@ def test_local_trainer_resumes_bit_for_bit(digits) -> None:
 
 
 def test_local_trainer_refuses_a_foreign_checkpoint(digits) -> None:
-    other = LocalTrainer(digits.X_train[:, :10], digits.y_train, digits.X_test[:, :10], digits.y_test,
+    other = LocalTrainer.from_arrays(digits.X_train[:, :10], digits.y_train, digits.X_test[:, :10], digits.y_test,
                          num_classes=10, hidden=(16,))
     with pytest.raises((WireError, Exception)):
         _local(digits).restore(other.checkpoint())
@@ -71,7 +71,7 @@ def test_hfl_resumes_bit_for_bit_with_residuals_and_added_data() -> None:
 
     straight = fresh()
     want = [straight.iterate() for _ in range(3)]
-    X, y = straight.data.clients[0]
+    X, y = (t.numpy() for t in straight.data.clients[0].tensors)
     straight.add_data((1, X[:7], y[:7]))
     want += [straight.iterate() for _ in range(5)]
     first = fresh()

@@ -30,7 +30,7 @@ from sluice.local import LocalTrainer
 def _factory(ds, n_train: int | None = None, **kw):
     def make(model, requirements):
         n = n_train or len(ds.y_train)
-        return LocalTrainer(ds.X_train[:n], ds.y_train[:n], ds.X_test, ds.y_test, num_classes=10,
+        return LocalTrainer.from_arrays(ds.X_train[:n], ds.y_train[:n], ds.X_test, ds.y_test, num_classes=10,
                             hidden=(16,), **kw)
 
     return make
@@ -186,7 +186,7 @@ class _Counted(ReplayEngine):
 
 def test_preflight_waits_for_data_when_the_process_can_take_it(digits) -> None:
     X, y = digits.X_train, digits.y_train
-    eng = LocalTrainer(X[:60], y[:60], digits.X_test, digits.y_test, num_classes=10, hidden=(16,))
+    eng = LocalTrainer.from_arrays(X[:60], y[:60], digits.X_test, digits.y_test, num_classes=10, hidden=(16,))
     req = Requirements(min_data_amount=100)
     asked: list[str] = []
 
@@ -198,7 +198,7 @@ def test_preflight_waits_for_data_when_the_process_can_take_it(digits) -> None:
     assert rep.cause == Cause.CRITERION_MET and rep.awaited_data == 1 and rep.iterations == 2
     assert asked == [Cause.INADEQUATE_TRAINING_DATA] and eng.num_samples == 160
     # a process that cannot take data is refused before training, as is an engine that cannot wait
-    eng = LocalTrainer(X[:60], y[:60], digits.X_test, digits.y_test, num_classes=10, hidden=(16,))
+    eng = LocalTrainer.from_arrays(X[:60], y[:60], digits.X_test, digits.y_test, num_classes=10, hidden=(16,))
     assert train(eng, {"iterations": 2}, req).cause == Cause.INSUFFICIENT_TRAINING_SAMPLES
     rep = train(_Counted([{"test_accuracy": 0.5}] * 3), {"iterations": 2, "data_wait_s": 5}, req)
     assert rep.cause == Cause.INSUFFICIENT_TRAINING_SAMPLES and "50 training samples" in rep.detail

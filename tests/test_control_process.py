@@ -29,7 +29,7 @@ from sluice.local import LocalTrainer
 
 def _local(ds, **kw) -> LocalTrainer:
     kw.setdefault("hidden", (32,))
-    return LocalTrainer(ds.X_train, ds.y_train, ds.X_test, ds.y_test, num_classes=ds.num_classes, **kw)
+    return LocalTrainer.from_arrays(ds.X_train, ds.y_train, ds.X_test, ds.y_test, num_classes=ds.num_classes, **kw)
 
 
 def _acc(values):
@@ -157,7 +157,7 @@ def test_cause_diverged(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     X = rng.normal(size=(200, 5)).astype(np.float32)
     y = (X @ rng.normal(size=5) * 100).astype(np.float32)
-    eng = LocalTrainer(X[:150], y[:150], X[150:], y[150:], task="regression", lr=0.5, hidden=(16,))
+    eng = LocalTrainer.from_arrays(X[:150], y[:150], X[150:], y[150:], kind="regression", lr=0.5, hidden=(16,))
     rep = train(eng, {"iterations": 30}, save_path=tmp_path / "m.pt")
     assert rep.cause == Cause.DIVERGED and rep.status == ProcessState.FAILED
     assert rep.iterations == 1 and rep.model_path is None and "nan" in rep.detail
@@ -167,7 +167,7 @@ def test_cause_diverged(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------------------- data loop (T6)
 def test_data_loop_resumes_with_identical_weights(digits) -> None:
     X, y = digits.X_train, digits.y_train
-    eng = LocalTrainer(X[:100], y[:100], digits.X_test, digits.y_test, num_classes=10, hidden=(32,),
+    eng = LocalTrainer.from_arrays(X[:100], y[:100], digits.X_test, digits.y_test, num_classes=10, hidden=(32,),
                        min_samples=400)
     seen: list[ProcessState] = []
     snap: dict[str, np.ndarray] = {}
@@ -190,7 +190,7 @@ def test_data_loop_resumes_with_identical_weights(digits) -> None:
     assert rep.cause == Cause.CRITERION_MET and rep.iterations == 3 and rep.awaited_data == 1
     assert eng.num_samples == 600
     # no training happened while waiting: the first iteration after the data starts from the initial weights
-    fresh = LocalTrainer(X[:600], y[:600], digits.X_test, digits.y_test, num_classes=10, hidden=(32,))
+    fresh = LocalTrainer.from_arrays(X[:600], y[:600], digits.X_test, digits.y_test, num_classes=10, hidden=(32,))
     np.testing.assert_array_equal(snap["at_wait"], fresh.params)
     fresh.iterate()
     np.testing.assert_array_equal(snap["after_first"], fresh.params)
@@ -232,7 +232,7 @@ def test_data_loop_mid_training_keeps_model_state() -> None:
 
 def test_data_arrives_from_another_thread(digits) -> None:
     X, y = digits.X_train, digits.y_train
-    eng = LocalTrainer(X[:50], y[:50], digits.X_test, digits.y_test, num_classes=10, hidden=(16,),
+    eng = LocalTrainer.from_arrays(X[:50], y[:50], digits.X_test, digits.y_test, num_classes=10, hidden=(16,),
                        min_samples=200)
     proc = TrainingProcess(eng, {"iterations": 2, "data_wait_s": 20})
 
@@ -252,7 +252,7 @@ def test_data_arrives_through_the_inbox(digits, tmp_path: Path) -> None:
     X, y = digits.X_train, digits.y_train
     f = tmp_path / "more.npz"
     np.savez(f, X=X[50:300], y=y[50:300])
-    eng = LocalTrainer(X[:50], y[:50], digits.X_test, digits.y_test, num_classes=10, hidden=(16,),
+    eng = LocalTrainer.from_arrays(X[:50], y[:50], digits.X_test, digits.y_test, num_classes=10, hidden=(16,),
                        min_samples=200)
     box = inbox_mod.inbox_of(tmp_path)
 
@@ -512,7 +512,7 @@ def test_bad_inbox_files_are_rejected_with_a_reason(digits, tmp_path: Path) -> N
     np.savez(wrong, X=np.zeros((10, 5)), y=np.zeros(10))
     good = tmp_path / "good.npz"
     np.savez(good, X=X[50:300], y=y[50:300])
-    eng = LocalTrainer(X[:50], y[:50], digits.X_test, digits.y_test, num_classes=10, hidden=(16,),
+    eng = LocalTrainer.from_arrays(X[:50], y[:50], digits.X_test, digits.y_test, num_classes=10, hidden=(16,),
                        min_samples=200)
     box = inbox_mod.inbox_of(tmp_path)
 

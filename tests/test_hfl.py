@@ -254,10 +254,11 @@ def test_dense_baseline_is_much_bigger_than_compressed() -> None:
 def test_add_data_grows_a_client() -> None:
     eng = HFLEngine(_small())
     eng.start()
-    n0 = len(eng.data.clients[0][1])
-    X = eng.data.X_test[:5]
-    eng.add_data((0, X, eng.data.y_test[:5]))
-    assert len(eng.data.clients[0][1]) == n0 + 5
+    n0 = len(eng.data.clients[0])
+    X, y = (t[:5].numpy() for t in eng.data.task.test.tensors)
+    eng.add_data((0, X, y))
+    assert len(eng.data.clients[0]) == n0 + 5
+    assert eng.data.clients[0].tensors[0][-5:].numpy().tobytes() == X.tobytes()
 
 
 def test_bad_config_names_field_and_allowed_values() -> None:

@@ -11,13 +11,12 @@ import numpy as np
 import pytest
 
 from sluice.config import load_config
-from sluice.data import load_federated
 from sluice.errors import DataError, WireError
 from sluice.hfl import Client, HFLEngine, Server
-from sluice.hfl.client import build_model
 from sluice.hfl.config import HFLConfig
+from sluice.hfl.learner import Learner
 from sluice.hfl.state import pack, unpack
-from sluice.models import get_flat, output_layer
+from sluice.tasks import client_datasets, load_task
 
 BASE = ["data.num_clients=6", "model.hidden=[16]", "train.local_epochs=1"]
 CONFIGS = {
@@ -34,11 +33,11 @@ class Runtime:
 
     def __init__(self, cfg: HFLConfig) -> None:
         self.cfg = cfg
-        self.data = load_federated(cfg.data, seed=cfg.seed)
-        model = build_model(cfg, self.data.num_features, self.data.num_classes)
-        self.server = Server(cfg, get_flat(model), len(self.data.clients), output_layer=output_layer(model))
-        self.clients = [Client(cfg, c, self.data.num_features, self.data.num_classes)
-                        for c in range(len(self.data.clients))]
+        task = load_task(cfg.task, seed=cfg.seed, data=cfg.data, hidden=cfg.model.hidden)
+        self.learner = Learner(task, cfg.seed)
+        self.data = client_datasets(task, cfg.data, seed=cfg.seed)
+        self.server = Server(cfg, self.learner.theta0, len(self.data), output_layer=self.learner.output_layer)
+        self.clients = [Client(cfg, c, self.learner) for c in range(len(self.data))]
 
     def round(self) -> dict:
         t = self.server.round + 1
@@ -51,11 +50,10 @@ class Runtime:
             if (t + c) % 4 == 0:  # fails after its download
                 self.clients[c].sync(msg)
                 continue
-            X, y = self.data.clients[c]
-            up = self.clients[c].train(msg, X, y, t)
+            up = self.clients[c].train(msg, self.data[c], t)
             ups.append(len(up))
             losses.append(self.clients[c].train_loss)
-            self.server.receive(c, up, float(len(y)))
+            self.server.receive(c, up, float(len(self.data[c])))
         broadcast = self.server.close_round()
         if broadcast is not None:
             for client in self.clients:
@@ -77,7 +75,7 @@ def test_halves_resume_from_state_bytes_exactly(name: str) -> None:
     del first.server, first.clients
     second = Runtime(cfg)  # fresh objects, then the saved states
     second.server = Server.from_state_bytes(cfg, server_bytes)
-    second.clients = [Client.from_state_bytes(cfg, b) for b in client_bytes]
+    second.clients = [Client.from_state_bytes(cfg, b, second.learner) for b in client_bytes]
     got += [second.round() for _ in range(4)]
     assert got == want
     assert len({r["params"] for r in want}) > 4  # the model moved: the comparison means something
@@ -89,8 +87,7 @@ def test_server_state_keeps_the_uploads_of_an_open_round() -> None:
     cfg = load_config(None, BASE, HFLConfig)
     rt = Runtime(cfg)
     rt.round()
-    X, y = rt.data.clients[1]
-    rt.server.receive(1, rt.clients[1].train(rt.server.message(1), X, y, 2), float(len(y)))
+    rt.server.receive(1, rt.clients[1].train(rt.server.message(1), rt.data[1], 2), float(len(rt.data[1])))
     copy = Server.from_state_bytes(cfg, rt.server.state_bytes())
     assert copy.received == 1
     rt.server.close_round()
@@ -121,8 +118,7 @@ def test_simulator_checkpoint_restore_continues_exactly() -> None:
 def test_server_refuses_bad_uploads_and_ids() -> None:
     cfg = load_config(None, BASE, HFLConfig)
     rt = Runtime(cfg)
-    X, y = rt.data.clients[0]
-    up = rt.clients[0].train(rt.server.message(0), X, y, 1)
+    up = rt.clients[0].train(rt.server.message(0), rt.data[0], 1)
     with pytest.raises(DataError, match=r"client id must be an integer in \[0, 6\)"):
         rt.server.message(6)
     with pytest.raises(WireError, match="upload of client 0"):
@@ -147,7 +143,7 @@ def test_state_bytes_round_trip_and_refuse_garbage() -> None:
     with pytest.raises(WireError, match="not a Sluice state"):
         unpack(b"PK\x03\x04" + buf[4:])
     cfg = load_config(None, BASE, HFLConfig)
-    client = Client(cfg, 0, 64, 10)
+    client = Client(cfg, 0, Runtime(cfg).learner)
     with pytest.raises(WireError, match="expected the state of server, got the state of client"):
         Server.from_state_bytes(cfg, client.state_bytes())
 

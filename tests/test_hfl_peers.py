@@ -13,11 +13,10 @@ import pytest
 
 from sluice.compress.codecs import count_sketch
 from sluice.config import load_config
-from sluice.data import load_federated
 from sluice.errors import WireError
 from sluice.hfl import HFLEngine
-from sluice.hfl.client import build_model
 from sluice.hfl.config import HFLConfig
+from sluice.hfl.learner import Learner
 from sluice.hfl.peers import (
     PEERS,
     DGCClient,
@@ -30,7 +29,7 @@ from sluice.hfl.peers import (
     _sketch_seed,
     _unpack_updates,
 )
-from sluice.models import get_flat
+from sluice.tasks import client_datasets, load_task
 from sluice.wire.frame import KIND_RAW, check_header
 from sluice.wire.vector import DensePayload, SparsePayload, decode, encode
 
@@ -129,8 +128,7 @@ def test_state_bytes_continue_identically(name: str) -> None:
     server_cls = PEERS[name][0]
     server, clients, data = second.server, second.clients, second.data
     for c in (0, 3):
-        X, y = data.clients[c]
-        server.receive(c, clients[c].train(server.message(c), X, y, 11), float(len(y)))
+        server.receive(c, clients[c].train(server.message(c), data.clients[c], 11), float(len(data.clients[c])))
     copy = server_cls.from_state_bytes(second.cfg, server.state_bytes())
     assert copy.received == server.received == 2
     server.close_round()
@@ -140,11 +138,16 @@ def test_state_bytes_continue_identically(name: str) -> None:
     assert copy.message(5) == server.message(5)
 
 
+def halves(cfg: HFLConfig) -> tuple[Learner, list[Any]]:
+    """The task's learner and its clients' datasets."""
+    task = load_task(cfg.task, seed=cfg.seed, data=cfg.data, hidden=cfg.model.hidden)
+    return Learner(task, cfg.seed), client_datasets(task, cfg.data, seed=cfg.seed)
+
+
 def stc_halves(cfg: HFLConfig, server_cls: type = STCServer) -> tuple[Any, list[STCClient], Any]:
-    data = load_federated(cfg.data, seed=cfg.seed)
-    theta0 = get_flat(build_model(cfg, data.num_features, data.num_classes))
-    clients = [STCClient(cfg, c, data.num_features, data.num_classes) for c in range(3)]
-    return server_cls(cfg, theta0, 3), clients, data
+    learner, data = halves(cfg)
+    clients = [STCClient(cfg, c, learner) for c in range(3)]
+    return server_cls(cfg, learner.theta0, 3), clients, data
 
 
 def test_stc_cache_sends_missed_updates_and_falls_back_when_stale() -> None:
@@ -161,11 +164,10 @@ def test_stc_cache_sends_missed_updates_and_falls_back_when_stale() -> None:
     for rnd, who in schedule.items():
         for c in who:
             msg = server.message(c)
-            X, y = data.clients[c]
-            up = clients[c].train(msg, X, y, rnd)
+            up = clients[c].train(msg, data[c], rnd)
             assert clients[c].params.tobytes() == server.params.tobytes(), (rnd, c)
             kinds[rnd, c] = (check_header(msg), msg)
-            server.receive(c, up, float(len(y)))
+            server.receive(c, up, float(len(data[c])))
         server.close_round()
     kind, msg = kinds[4, 1]
     assert kind == KIND_RAW
@@ -180,8 +182,7 @@ def test_stc_cache_sends_missed_updates_and_falls_back_when_stale() -> None:
 def test_stc_messages_are_ternary_with_error_feedback() -> None:
     cfg = config("STC")
     server, clients, data = stc_halves(cfg)
-    X, y = data.clients[0]
-    up = clients[0].train(server.message(0), X, y, 1)
+    up = clients[0].train(server.message(0), data[0], 1)
     est = server._decode_upload(up)
     nz = est[est != 0]
     k = round(0.05 * server.d)
@@ -224,12 +225,11 @@ def test_fetchsgd_recovers_heavy_hitters_from_summed_sketches() -> None:
 
 def test_dgc_warm_up_momentum_correction_and_factor_masking() -> None:
     cfg = config("DGC")
-    data = load_federated(cfg.data, seed=cfg.seed)
-    client = DGCClient(cfg, 0, data.num_features, data.num_classes)
+    learner, data = halves(cfg)
+    client = DGCClient(cfg, 0, learner)
     assert [client.density(t) for t in (1, 2, 3, 4, 5, 50)] == [0.25, 0.0625, 0.05, 0.05, 0.05, 0.05]
-    X, y = data.clients[0]
     for rnd in (1, 2, 6):
-        up = decode(client.train(encode(DensePayload(client.params)), X, y, rnd))
+        up = decode(client.train(encode(DensePayload(client.params)), data[0], rnd))
         assert isinstance(up, SparsePayload) and up.values.dtype == np.float32
         assert up.k == max(1, round(client.density(rnd) * client.d))
         assert not client.accumulated[up.indices].any() and not client.velocity[up.indices].any()
@@ -256,20 +256,20 @@ def test_corrupted_or_foreign_messages_raise_wire_error(name: str) -> None:
     eng = engine(name)
     eng.iterate()
     server, clients = eng.server, eng.clients
-    X, y = eng.data.clients[2]
+    data = eng.data.clients[2]
     msg = server.message(2)
     for bad in (flip(msg, len(msg) // 2), flip(msg, 2), msg[:-3], b""):
         with pytest.raises(WireError):
             clients[2].sync(bad)
-    up = clients[2].train(msg, X, y, 2)
+    up = clients[2].train(msg, data, 2)
     for bad in (flip(up, len(up) // 2), up[:-1], up + b"\x00"):
         with pytest.raises(WireError):
-            server.receive(2, bad, float(len(y)))
+            server.receive(2, bad, float(len(data)))
     foreign = encode(SparsePayload(d=server.d, values=np.ones(3, np.float32), indices=np.array([1, 2, 3])))
     if name != "DGC":  # a sparse vector is a DGC upload
         with pytest.raises(WireError):
-            server.receive(2, foreign, float(len(y)))
-    server.receive(2, up, float(len(y)))  # the intact upload is taken
+            server.receive(2, foreign, float(len(data)))
+    server.receive(2, up, float(len(data)))  # the intact upload is taken
     assert server.received == 1
 
 

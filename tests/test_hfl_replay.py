@@ -267,7 +267,7 @@ def test_engine_clients_hold_the_model_and_velocity_and_the_output_layer_learns_
     before = server.params.copy()
     eng.iterate()
     lo, hi = server.replay, server.d
-    assert hi - lo == output_layer(eng.model)
+    assert hi - lo == output_layer(eng.learner.model)
     for client in eng.clients:  # one more message each: every client reaches the server's model and velocity
         held = client.sync(server.message(client.client_id))
         assert held.tobytes() == server.params.tobytes()

@@ -6,12 +6,19 @@ import numpy as np
 import pytest
 
 from sluice.config import load_config
+from sluice.data import FederatedData
 from sluice.errors import ConfigError, DataError
 from sluice.hfl import HFLEngine
-from sluice.hfl.client import build_model, local_train
 from sluice.hfl.config import HFLConfig
+from sluice.hfl.learner import Learner
 from sluice.local.trainer import LocalTrainer
-from sluice.models import get_flat
+from sluice.models import mlp
+from sluice.tasks.builtin import from_federated
+
+
+def arrays(ds) -> tuple[np.ndarray, np.ndarray]:
+    """A dataset of tensors as numpy arrays."""
+    return tuple(t.numpy() for t in ds.tensors)
 
 
 def _engine(*over: str) -> HFLEngine:
@@ -23,7 +30,7 @@ def _engine(*over: str) -> HFLEngine:
 
 def test_limit_samples_keeps_exactly_n_in_every_clients_share() -> None:
     eng = _engine()
-    full = [(X.copy(), y.copy()) for X, y in eng.data.clients]
+    full = [tuple(a.copy() for a in arrays(ds)) for ds in eng.data.clients]
     sizes = np.array([len(y) for _, y in full])
     total = int(sizes.sum())
     n = total // 3 + 1
@@ -31,7 +38,7 @@ def test_limit_samples_keeps_exactly_n_in_every_clients_share() -> None:
     kept = np.array(eng.data.sizes)
     assert eng.num_samples == kept.sum() == n
     assert np.all(np.abs(kept - n * sizes / total) < 1)  # each client keeps its share, rounded
-    for (X, y), (X0, y0), k in zip(eng.data.clients, full, kept, strict=True):  # its first samples
+    for (X, y), (X0, y0), k in zip(map(arrays, eng.data.clients), full, kept, strict=True):  # its first samples
         assert np.array_equal(X, X0[:k]) and np.array_equal(y, y0[:k])
     X, y = full[0]
     eng.add_data((2, X[:7], y[:7]))  # data added later is used in full
@@ -44,15 +51,17 @@ def test_limit_samples_keeps_exactly_n_in_every_clients_share() -> None:
 
 
 def test_local_train_freezes_all_but_the_last_layers() -> None:
-    cfg = load_config(None, ["model.hidden=[16, 8]"], HFLConfig)
-    model = build_model(cfg, 5, 3)
-    theta = get_flat(model)
     rng = np.random.default_rng(0)
     X, y = rng.normal(size=(40, 5)).astype(np.float32), rng.integers(0, 3, 40)
+    fed = FederatedData("random", [(X, y)], X, y, 5, 3)
+    learner = Learner(from_federated(fed, lambda: mlp(5, [16, 8], 3)), seed=0)
+    data = learner.check([fed_ds := learner.task.train[0]])[0]
+    assert data is fed_ds
+    theta = learner.theta0
     first = 5 * 16 + 16 + 16 * 8 + 8  # the first two linear layers' coordinates
-    delta, _ = local_train(model, theta, X, y, epochs=2, batch_size=8, lr=0.1, seed=1, trainable=1)
+    delta, _, _ = learner.fit(theta, None, data, epochs=2, batch_size=8, lr=0.1, seed=1, trainable=1)
     assert np.all(delta[:first] == 0) and np.count_nonzero(delta[first:]) > 0
-    delta, _ = local_train(model, theta, X, y, epochs=2, batch_size=8, lr=0.1, seed=1, trainable=None)
+    delta, _, _ = learner.fit(theta, None, data, epochs=2, batch_size=8, lr=0.1, seed=1, trainable=None)
     assert np.count_nonzero(delta[:first]) > 0
 
 
@@ -64,7 +73,7 @@ def test_trainable_layers_leave_earlier_layers_of_the_server_model_untouched() -
     eng.set_trainable_layers(1)
     for _ in range(4):
         eng.iterate()
-    first = eng.data.num_features * 16 + 16 + 16 * 8 + 8
+    first = 64 * 16 + 16 + 16 * 8 + 8
     assert eng.params[:first].tobytes() == eng.theta0[:first].tobytes()
     assert np.count_nonzero(eng.params[first:] != eng.theta0[first:]) > 0
 
@@ -78,7 +87,7 @@ def test_too_few_samples_report_inadequate_data_until_data_arrives() -> None:
     assert ev.anomaly == "INADEQUATE_TRAINING_DATA" and ev.iteration == 0 and not ev.metrics
     assert f"{have} training samples" in ev.detail and f"at least {have + 50}" in ev.detail
     assert eng.params.tobytes() == before.tobytes()
-    X, y = eng.data.X_test[:50], eng.data.y_test[:50]
+    X, y = (a[:50] for a in arrays(eng.data.task.test))
     eng.add_data([(0, X[:25], y[:25]), (3, X[25:], y[25:])])
     ev = eng.iterate()
     assert ev.anomaly is None and ev.iteration == 1 and "test_accuracy" in ev.metrics
@@ -89,7 +98,7 @@ def test_too_few_samples_report_inadequate_data_until_data_arrives() -> None:
 def test_local_trainer_min_samples() -> None:
     rng = np.random.default_rng(0)
     X, y = rng.normal(size=(20, 4)).astype(np.float32), rng.integers(0, 2, 20)
-    trainer = LocalTrainer(X, y, X, y, num_classes=2, hidden=(4,))
+    trainer = LocalTrainer.from_arrays(X, y, X, y, num_classes=2, hidden=(4,))
     trainer.set_min_samples(21)
     assert trainer.iterate().anomaly == "INADEQUATE_TRAINING_DATA"
     trainer.set_min_samples(20)
@@ -110,7 +119,7 @@ def test_local_trainer_min_samples() -> None:
 ])
 def test_check_data_refuses_wrong_data_and_add_data_adds_nothing(bad, message: str) -> None:
     eng = _engine()
-    X, y = eng.data.X_test[:4], eng.data.y_test[:4]
+    X, y = (a[:4] for a in arrays(eng.data.task.test))
     sizes = eng.data.sizes
     with pytest.raises(DataError, match=message):
         eng.check_data(bad(X, y))

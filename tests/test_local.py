@@ -16,7 +16,7 @@ from sluice.metrics import MetricSpec, classification_metrics
 
 def _eng(ds, **kw) -> LocalTrainer:
     kw.setdefault("hidden", (32,))
-    return LocalTrainer(ds.X_train, ds.y_train, ds.X_test, ds.y_test, num_classes=10, **kw)
+    return LocalTrainer.from_arrays(ds.X_train, ds.y_train, ds.X_test, ds.y_test, num_classes=10, **kw)
 
 
 def test_speaks_the_engine_protocol_and_learns(digits) -> None:
@@ -71,7 +71,7 @@ def test_trainable_layers_freeze_the_rest(digits) -> None:
 
 def test_inadequate_data_then_add_data(digits) -> None:
     X, y = digits.X_train, digits.y_train
-    eng = LocalTrainer(X[:20], y[:20], digits.X_test, digits.y_test, num_classes=10, hidden=(8,),
+    eng = LocalTrainer.from_arrays(X[:20], y[:20], digits.X_test, digits.y_test, num_classes=10, hidden=(8,),
                        min_samples=50)
     w = eng.params.copy()
     ev = eng.iterate()
@@ -96,14 +96,14 @@ def test_limit_samples_and_suspend_and_save(digits, tmp_path: Path) -> None:
     eng.iterate()
     path = eng.save(tmp_path / "sub" / "m.pt")
     state = torch.load(path, weights_only=True)
-    assert state["iteration"] == 1 and state["hidden"] == [32]
+    assert state["iteration"] == 1 and state["state_dict"]["0.weight"].shape == (32, 64)
 
 
 def test_regression_with_extra_metrics() -> None:
     rng = np.random.default_rng(0)
     X = rng.normal(size=(300, 4)).astype(np.float32)
     Y = np.stack([X @ [1.0, -1.0, 0.5, 0.0], X[:, 0] * 2], axis=1).astype(np.float32)
-    eng = LocalTrainer(X[:240], Y[:240], X[240:], Y[240:], task="regression", hidden=(16,), lr=0.05,
+    eng = LocalTrainer.from_arrays(X[:240], Y[:240], X[240:], Y[240:], kind="regression", hidden=(16,), lr=0.05,
                        metric_fns={"max_abs_error": lambda p, t: float(np.abs(p - t).max())},
                        metric_specs=[MetricSpec("max_abs_error", False, 0.0)])
     assert eng.metrics["max_abs_error"].mode == "min"
@@ -127,14 +127,14 @@ def test_classification_metrics_by_hand() -> None:
 
 
 def test_bad_arguments(digits) -> None:
-    with pytest.raises(ConfigError, match="task"):
-        _eng(digits, task="ranking")
+    with pytest.raises(ConfigError, match="kind"):
+        _eng(digits, kind="ranking")
     with pytest.raises(ConfigError, match="lr > 0"):
         _eng(digits, lr=0)
     with pytest.raises(DataError, match="rows"):
-        LocalTrainer(np.zeros((5, 3)), np.zeros(4), np.zeros((2, 3)), np.zeros(2))
+        LocalTrainer.from_arrays(np.zeros((5, 3)), np.zeros(4), np.zeros((2, 3)), np.zeros(2))
     with pytest.raises(DataError, match="num_classes"):
-        LocalTrainer(np.zeros((5, 3)), np.arange(5), np.zeros((2, 3)), np.zeros(2), num_classes=3)
+        LocalTrainer.from_arrays(np.zeros((5, 3)), np.arange(5), np.zeros((2, 3)), np.zeros(2), num_classes=3)
 
 
 def test_evaluate_measures_without_training(digits) -> None:

@@ -74,7 +74,7 @@ def test_coverage_training_error_stops_training() -> None:
     X, Y, reg = _coverage_scenario()
     cut = 700
     fns = coverage_metrics(reg[cut:], thresholds={"rsrp": -11.0, "rsrq": -1.5, "sinr": 0.0})
-    eng = LocalTrainer(X[:cut], Y[:cut], X[cut:], Y[cut:], task="regression", hidden=(32,), lr=0.05,
+    eng = LocalTrainer.from_arrays(X[:cut], Y[:cut], X[cut:], Y[cut:], kind="regression", hidden=(32,), lr=0.05,
                        metric_fns=fns, seed=1)
     model = ModelIdentity(id="cov", type="coverage_problem_analysis")
     errors: list[float] = []
@@ -99,7 +99,7 @@ def test_energy_saving_training_error_stops_training() -> None:
     eff = traffic / power
     X = np.column_stack([load, shutdown, traffic / 10]).astype(np.float32)
     Y = np.column_stack([eff, power]).astype(np.float32)
-    eng = LocalTrainer(X[:600], Y[:600], X[600:], Y[600:], task="regression", hidden=(32,), lr=0.05,
+    eng = LocalTrainer.from_arrays(X[:600], Y[:600], X[600:], Y[600:], kind="regression", hidden=(32,), lr=0.05,
                        metric_fns=energy_metrics({"efficiency": 0, "consumption": 1}), seed=0)
     model = ModelIdentity(id="es", type="energy_saving_analysis")
     rep = train(eng, {"iterations": 200, "training_error": 0.08}, model=model)
