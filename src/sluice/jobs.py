@@ -53,17 +53,21 @@ class EngineKind:
     def config_model(self) -> type[Section]:
         return _load(self.config_ref)
 
-    def build(self, config: Section) -> Engine:
-        return _load(self.build_ref)(config)
+    def build(self, config: Section, task: Any = None) -> Engine:
+        """The engine of ``config``; ``task``, a :class:`sluice.tasks.Task` object, replaces the configuration's
+        ``[task]`` (engines that train tasks only)."""
+        if task is None:
+            return _load(self.build_ref)(config)
+        return _load(self.build_ref)(config, task)
 
 
 ENGINE_KINDS: dict[str, EngineKind] = {
     k.name: k
     for k in (
         EngineKind("hfl", "sluice.hfl.config:HFLConfig", "sluice.hfl:engine_from_config",
-                   lambda c: f"hfl-{c.data.dataset}-mlp"),
+                   lambda c: f"hfl-{c.task.label or c.data.dataset + '-mlp'}"),
         EngineKind("local", "sluice.local.config:LocalConfig", "sluice.local:engine_from_config",
-                   lambda c: f"local-{c.data.dataset}-mlp"),
+                   lambda c: f"local-{c.task.label or c.data.dataset + '-mlp'}"),
         EngineKind("split", "sluice.vfl.config:SplitConfig", "sluice.vfl:engine_from_config",
                    lambda c: f"split-{c.data.dataset}-{c.topology}"),
         EngineKind("chain", "sluice.service.chain:ChainConfig", "sluice.service.chain:engine_from_config",
@@ -87,10 +91,12 @@ class Job:
     model: ModelIdentity
     requirements: Requirements | None = None
     termination: Termination | None = None
+    task: Any = None
+    """A :class:`sluice.tasks.Task` object given in Python (:func:`sluice.run_task`), instead of ``[task]``."""
 
     def build(self) -> Engine:
         """The engine this job trains (not started)."""
-        return engine_kind(self.kind).build(self.config)
+        return engine_kind(self.kind).build(self.config, self.task)
 
     def termination_for(self, engine: Engine) -> Termination:
         """The termination parameters in force: the job's, with the engine's own iteration limit

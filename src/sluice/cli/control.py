@@ -21,7 +21,11 @@ from sluice.errors import DataError
 def _local(args: argparse.Namespace) -> int:
     from sluice.jobs import load_job
 
-    job = load_job("local", args.config, args.overrides)
+    return train_local(load_job("local", args.config, args.overrides), args.out, Console())
+
+
+def train_local(job: Any, out: str | None, console: Console) -> int:
+    """Train a ``local`` job into run directory ``out``; the exit status."""
     engine = job.build()
 
     def plot(records: list[dict[str, Any]], run_dir: Path) -> None:
@@ -30,7 +34,7 @@ def _local(args: argparse.Namespace) -> int:
 
         plot_metrics(records, run_dir, list(engine.metric_fns), key="iteration", bytes_axis=False)
 
-    return run_job(job, args.out, console=Console(), unit="iteration", prefix="local", plot=plot, engine=engine)
+    return run_job(job, out, console=console, unit="iteration", prefix="local", plot=plot, engine=engine)
 
 
 # ------------------------------------------------------------------------------------------- data / report

@@ -63,8 +63,11 @@ def summarize(history: Any, engine: Any, wall: float) -> dict[str, Any]:
 def _describe(engine: Any) -> str:
     cfg = engine.cfg
     c = cfg.compression
-    split = f"parties of the scenario, {engine.data.model_type}" if cfg.data.is_scenario else cfg.data.partition
-    return (f"[bold]sluice run[/]: {cfg.data.dataset}, {len(engine.data.clients)} clients ({split}), "
+    task = engine.data.task
+    split = "the task's own" if task.per_client else cfg.data.partition or task.partition.method
+    if task.model_type is not None:
+        split += f", {task.model_type}"
+    return (f"[bold]sluice run[/]: {task.name}, {len(engine.data.clients)} clients ({split}), "
             f"q={cfg.train.participation}, d={engine.num_params}; up={c.up}({c.up_ratio}) "
             f"down={c.down}({c.down_ratio if c.down_ratio is not None else f'{c.down_budget}·M/N'}) "
             f"downlink={c.downlink}")
@@ -72,7 +75,6 @@ def _describe(engine: Any) -> str:
 
 def _main(args: argparse.Namespace) -> int:
     from sluice.jobs import load_job
-    from sluice.plots import plot_accuracy, plot_metrics
 
     flower_only = [name for name, value in (("--nodes", args.nodes), ("--superlink", args.superlink),
                                             ("--root-certificates", args.root_certificates),
@@ -89,6 +91,13 @@ def _main(args: argparse.Namespace) -> int:
                              root_certificates=args.root_certificates, round_timeout_s=args.round_timeout,
                              link_timeout_s=args.link_timeout)
         return run_on_flower(job, args.out, opts, console=Console())
+    return train_hfl(job, args.out, Console())
+
+
+def train_hfl(job: Any, out: str | None, console: Console) -> int:
+    """Train an ``hfl`` job in the simulator into run directory ``out``; the exit status."""
+    from sluice.plots import plot_accuracy, plot_metrics
+
     engine = job.build()
 
     def plot(records: list[dict[str, Any]], run_dir: Path) -> None:
@@ -96,5 +105,5 @@ def _main(args: argparse.Namespace) -> int:
         plot_accuracy(records, run_dir)
         plot_metrics(records, run_dir, list(engine.data.metric_fns) if engine.data is not None else [])
 
-    return run_job(job, args.out, console=Console(), unit="round", prefix="run", summarize=summarize,
+    return run_job(job, out, console=console, unit="round", prefix="run", summarize=summarize,
                    plot=plot, describe=_describe, inbox_adapter=inbox_item, engine=engine)

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from sluice.hfl.config import HFLConfig
     from sluice.hfl.engine import HFLEngine
     from sluice.hfl.server import Server
+    from sluice.tasks import Task
 
 __all__ = ["Client", "HFLEngine", "Server", "engine_from_config"]
 
@@ -23,8 +24,8 @@ _LAZY = {"Client": "client", "HFLEngine": "engine", "Server": "server"}
 __getattr__ = lazy_exports(__name__, _LAZY)
 
 
-def engine_from_config(cfg: HFLConfig) -> HFLEngine:
-    """The simulator a ``sluice run`` configuration describes."""
+def engine_from_config(cfg: HFLConfig, task: Task | None = None) -> HFLEngine:
+    """The simulator a ``sluice run`` configuration describes (training ``task`` instead of its ``[task]``)."""
     from sluice.hfl.engine import HFLEngine
 
-    return HFLEngine(cfg)
+    return HFLEngine(cfg, task)

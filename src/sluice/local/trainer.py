@@ -164,6 +164,11 @@ class LocalTrainer(Suspendable):
     def metrics(self) -> dict[str, MetricSpec]:
         return self.task_def.declared_metrics()
 
+    @property
+    def metric_fns(self) -> dict[str, MetricFn]:
+        """The task's own test metrics (a scenario's type-specific errors)."""
+        return dict(self.task_def.metrics)
+
     counts_bytes = False
 
     def set_trainable_layers(self, n: int) -> None:
