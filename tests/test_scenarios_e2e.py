@@ -94,7 +94,7 @@ def test_hfl_regression_reports_the_type_specific_errors_and_accepts_criteria_on
 def test_hfl_added_regression_data_is_standardised_like_the_scenario() -> None:
     engine = _job("hfl", "energy").build()
     engine.start()
-    xm, xs, ym, ys = engine.data.scaling
+    xm, xs, ym, ys = engine.data.task.prepare.__self__.scaling  # the FederatedData the task was built from
     X = np.tile(xm + xs, (2, 1))
     ((c, Xs, ys_), ) = engine.check_data((1, X, np.tile(ym + 2 * ys, (2, 1))))
     assert c == 1 and np.allclose(Xs, 1.0, atol=1e-4) and np.allclose(ys_, 2.0, atol=1e-4)

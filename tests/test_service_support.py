@@ -161,19 +161,19 @@ class Server:
 
 def start_server(tmp: Path, *, name: str = "svc", port: int | None = None, db: Path | None = None,
                  database: str | None = None, extra: tuple[str, ...] = (), token: str | None = None,
-                 tls: Any = None) -> Server:
+                 tls: Any = None, env: dict[str, str] | None = None) -> Server:
     """``sluice serve`` on ``port`` (default a free one) with its store in SQLite file ``db`` (default
     ``tmp/<name>.db``), or at SQLAlchemy URL ``database`` when given (e.g. a PostgreSQL database; restart a
     server on the same store with ``database=srv.database``). ``token``: the bearer token ``srv.http``
     sends; ``tls``: the SSL context ``srv.http`` verifies an HTTPS server with (``extra`` names the server's
-    certificate)."""
+    certificate); ``env``: variables added to the server's environment (its workers inherit them)."""
     port = port or free_port()
     db = db or tmp / f"{name}.db"
     database = database or f"sqlite:///{db}"
     log = tmp / f"{name}-{port}.log"
     cmd = [sys.executable, "-m", "sluice", "serve", "--port", str(port), "--database", database,
            "--set", "max_concurrent=2", "--set", "progress_interval_s=0.05", "--set", "notify_backoff_s=0.2", *extra]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     with open(log, "ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=tmp, env=env, start_new_session=True)
     headers = {"Authorization": f"Bearer {token}"} if token else None

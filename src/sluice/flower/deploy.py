@@ -89,12 +89,15 @@ def _kill_tree(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
 
 @dataclass
 class LocalDeployment:
-    """A SuperLink and ``nodes`` SuperNodes on 127.0.0.1, with everything in ``workdir``."""
+    """A SuperLink and ``nodes`` SuperNodes on 127.0.0.1, with everything in ``workdir``. ``node_args[i]``
+    are task arguments of node ``i`` alone (``task.<name>=<value>`` in its node configuration: a path to the
+    node's own files, say)."""
 
     workdir: Path
     nodes: int
     tls: bool = True
     terminals: int | None = None
+    node_args: dict[int, dict[str, Any]] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     port: int = 0
     certs: CertFiles | None = None
@@ -152,8 +155,9 @@ class LocalDeployment:
         if old is not None and old.poll() is None:
             raise DeploymentError(f"the SuperNode of terminal {i} is running")
         total = self.terminals or self.nodes
+        own = "".join(f" task.{k}={json.dumps(v)}" for k, v in self.node_args.get(i, {}).items())
         argv = [_bin("flower-supernode"), "--superlink", self.address, "--port", str(free_port()),
-                "--node-config", f"{P.NODE_TERMINAL_KEY}={i} {P.NODE_COUNT_KEY}={total}",
+                "--node-config", f"{P.NODE_TERMINAL_KEY}={i} {P.NODE_COUNT_KEY}={total}{own}",
                 "--max-retries", "3", "--max-wait-time", "30"]
         argv += ["--root-certificates", str(self.certs.ca)] if self.certs else ["--insecure"]
         return self._spawn(f"node-{i}", argv)

@@ -88,7 +88,7 @@ class Learner:
         model = self.model
         model.train()
         gen = torch.Generator().manual_seed(seed)
-        opt = self.task.make_optimizer(self._trainable_params(trainable), lr)
+        opt = self.task.make_optimizer(self._trainable_params(trainable), lr, fused=self.device.type == "cuda")
         n = len(data)
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         count = 0

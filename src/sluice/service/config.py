@@ -8,6 +8,8 @@ directory. In a TOML file the keys sit at the top level or under a ``[service]``
     max_concurrent = 2
     [policy]                                       # how the producer decides parameters (ProducerPolicy)
     default_iterations = 50
+    [tasks]                                        # tasks consumers may name (task.name), besides built-ins
+    churn = "mypackage.tasks:churn"                # a function returning a sluice.Task, imported here
     [producers.east]                               # a producer that chained requests may use
     url = "https://east.example:8443/ProvMnS/v1920/SubNetwork=SN1/MLTrainingFunction=TF1"
     [auth]                                         # bearer tokens (sluice.service.auth)
@@ -15,6 +17,11 @@ directory. In a TOML file the keys sit at the top level or under a ``[service]``
     [tls]                                          # HTTPS; with client_ca, clients need a certificate it signed
     cert = "server.pem"
     key = "server.key"
+
+Tasks: a request's job names its task (``[task] name``, with ``[task.args]``): a built-in one or one the
+operator registered under ``[tasks]``. It never gives an import path (``task.factory``): that would let any
+consumer run any code on the producer; the service refuses it (400). Workers import a registered factory,
+so its package must be importable by ``sluice serve`` (installed, or on ``PYTHONPATH``).
 
 Exposure: on a loopback address (``127.0.0.1``, ``::1``, ``localhost``) anything goes. On any other address
 the service needs TLS and a way to tell callers apart (tokens, or client certificates with ``client_ca``);
@@ -37,6 +44,8 @@ from sluice.service.auth import AuthConfig
 from sluice.service.chain import ProducerEndpoint
 
 _RDN_ID = re.compile(r"^[A-Za-z0-9_.\-~:]+$")
+_TASK_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
+_FACTORY_REF = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class TLSConfig(Section):
@@ -106,12 +115,31 @@ class ServiceConfig(Section):
     producers: dict[str, ProducerEndpoint] = Field(
         default_factory=dict, description="producer services a chained request (engine = \"chain\") may use, "
                                           "by name: [producers.east] url = ..., token = ..., ca_file = ...")
+    tasks: dict[str, str] = Field(
+        default_factory=dict, description="tasks a request may name (task.name, with task.args) besides the "
+        "built-in ones, by name: [tasks] churn = \"package.module:function\" (a function returning a "
+        "sluice.Task, imported by this service and its workers: installed or on PYTHONPATH). Requests never "
+        "give an import path themselves")
 
     @field_validator("subnetwork", "training_function", "model_repository")
     @classmethod
     def _rdn(cls, v: str) -> str:
         if not _RDN_ID.fullmatch(v):
             raise ValueError(f"must be letters, digits and _.-~: only, got {v!r}")
+        return v
+
+    @field_validator("tasks")
+    @classmethod
+    def _tasks(cls, v: dict[str, str]) -> dict[str, str]:
+        from sluice.tasks.config import BUILTIN_NAMES
+
+        for name, ref in v.items():
+            if not _TASK_NAME.fullmatch(name):
+                raise ValueError(f"task name {name!r}: letters, digits and _.- only, starting with a letter or _")
+            if name in BUILTIN_NAMES:
+                raise ValueError(f"task name {name!r} is a built-in task; register yours under another name")
+            if not _FACTORY_REF.fullmatch(ref):
+                raise ValueError(f"task {name!r}: {ref!r} is not 'package.module:function'")
         return v
 
     @field_validator("mns_root")

@@ -54,6 +54,7 @@ from sluice.service.nrm import (
 )
 from sluice.service.outbox import Outbox
 from sluice.service.store import Store, Tx
+from sluice.service.tasks import check_args, producer_job, producer_task
 from sluice.service.worker import Supervisor, WorkerGone
 
 ENDED = ("FINISHED", "FAILED", "CANCELLED")
@@ -225,7 +226,7 @@ class TrainingService:
     def _job_from(self, attrs: dict[str, Any], vs: dict[str, Any]) -> dict[str, Any]:
         """The job a request asks for, validated without building an engine: ``kind``, ``raw`` (engine
         configuration + model identity), ``model``, ``requirements``, ``termination``, ``decided_by``."""
-        from sluice.jobs import ENGINE_KINDS, job_from_dict
+        from sluice.jobs import ENGINE_KINDS
 
         job = vs.get("sluice-job")
         job = dict(job) if isinstance(job, dict) else ({} if job is None else None)
@@ -288,12 +289,7 @@ class TrainingService:
             doc["requirements"] = req
         if term is not None:
             doc["termination"] = term
-        try:
-            parsed = job_from_dict(kind, doc)
-        except SluiceError as exc:
-            raise _config_error(exc, "VsDataContainer/sluice-job") from exc
-        except ValueError as exc:
-            raise _config_error(exc, "VsDataContainer/sluice-job") from exc
+        parsed = self._parse_job(kind, doc)
         return {
             "kind": kind, "raw": {k: v for k, v in doc.items() if k not in ("requirements", "termination")},
             "model": parsed.model.model_dump(mode="json"),
@@ -303,6 +299,28 @@ class TrainingService:
                 mode="json", exclude_none=True, exclude_defaults=True),
             "decided_by": decided,
         }
+
+    def _parse_job(self, kind: str, doc: dict[str, Any]) -> Any:
+        """``doc`` validated as this producer trains it: the task it names is a built-in or a registered one
+        (never an import path; :mod:`sluice.service.tasks`), with arguments that fit its function."""
+        from sluice.jobs import ENGINE_KINDS, job_from_dict
+        from sluice.tasks.config import TaskConfig
+
+        section = doc.get("task")
+        checked = doc if section is None else {**doc, "task": producer_task(section, self.cfg.tasks)}
+        try:
+            parsed = job_from_dict(kind, checked)
+        except (SluiceError, ValueError) as exc:
+            raise _config_error(exc, "VsDataContainer/sluice-job") from exc
+        if section is None:
+            return parsed
+        name = section.get("name") or getattr(getattr(parsed.config, "data", None), "dataset", None)
+        if name is not None and (section.get("args") or name in self.cfg.tasks):
+            check_args(name, section.get("args") or {}, self.cfg.tasks)  # built-ins without args: no torch here
+        if name in self.cfg.tasks and "id" not in (doc.get("model") or {}):  # named as the consumer named it
+            config = parsed.config.model_copy(update={"task": TaskConfig.model_construct(name=name)})
+            parsed.model = parsed.model.model_copy(update={"id": ENGINE_KINDS[kind].default_model_id(config)})
+        return parsed
 
     def _check_chain(self, job: dict[str, Any]) -> None:
         """A chained job names producers of this service's configuration and never their endpoints."""
@@ -1020,8 +1038,9 @@ class TrainingService:
             ckpt = tx.s.get(Checkpoint, proc.dn) if i.get("resume") else None
             if ckpt is not None:
                 resume = {"iteration": ckpt.iteration, "engine": ckpt.engine_state, "process": ckpt.process_state}
-            raw = {**i["raw"], "model": {**(i["raw"].get("model") or {}),
-                                         **{k: v for k, v in i["model"].items() if v is not None}}}
+            raw = producer_job(i["raw"], self.cfg.tasks)  # a registered task: its factory, here only
+            raw = {**raw, "model": {**(raw.get("model") or {}), **{k: v for k, v in i["model"].items()
+                                                                    if v is not None}}}
             if i["kind"] == "chain":
                 raw["endpoints"] = {n: self.cfg.producers[n].model_dump() for n in raw.get("producers", [])
                                     if n in self.cfg.producers}

@@ -120,10 +120,12 @@ class Task:
             return nn.functional.cross_entropy
         return lambda out, y: nn.functional.mse_loss(out, y.reshape(out.shape))
 
-    def make_optimizer(self, params: Iterable[nn.Parameter], lr: float) -> torch.optim.Optimizer:
-        """``optimizer(params, lr)``, or plain SGD with learning rate ``lr``."""
+    def make_optimizer(self, params: Iterable[nn.Parameter], lr: float, *,
+                       fused: bool = False) -> torch.optim.Optimizer:
+        """``optimizer(params, lr)``, or plain SGD with learning rate ``lr`` (its fused kernel with ``fused``:
+        one launch per step on a GPU)."""
         if self.optimizer is None:
-            return torch.optim.SGD(params, lr=lr)
+            return torch.optim.SGD(params, lr=lr, fused=True) if fused else torch.optim.SGD(params, lr=lr)
         opt = self.optimizer(params, lr)
         if not isinstance(opt, torch.optim.Optimizer):
             raise TaskError(f"task {self.name!r}: optimizer returned {type(opt).__name__}, not a torch.optim."
