@@ -188,3 +188,21 @@ def test_local_trains_a_builtin_task_from_its_config() -> None:
     ev = eng.iterate()
     assert ev.metrics["test_accuracy"] > before
     assert eng.num_layers == 5  # conv, BatchNorm, conv, BatchNorm, linear
+
+
+def test_the_own_model_example_runs_as_the_readme_shows(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    example = root / "examples" / "own_model" / "cnn.py"
+    assert len(example.read_text().splitlines()) <= 40
+    assert "examples/own_model/cnn.py --out runs/own-cnn --rounds 60" in (root / "README.md").read_text()
+    out = tmp_path / "own"
+    res = subprocess.run([sys.executable, str(example), "--out", str(out), "--rounds", "60"], capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]  # the target was met within 60 rounds
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rounds"] < 60 and summary["final_accuracy"] >= 0.95 and summary["total_bytes_up"] > 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["cause"] == "CRITERION_MET" and "test_accuracy" in report["termination"]["performance"]

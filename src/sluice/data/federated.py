@@ -167,14 +167,6 @@ def specs_of(fns: dict[str, MetricFn], declared: tuple[MetricSpec, ...]) -> tupl
     return tuple(own.get(n) or KNOWN[n] for n in fns)
 
 
-def client_count(cfg: DataConfig, seed: int) -> int:
-    """The number of clients ``cfg`` gives: ``num_clients`` (default :data:`DEFAULT_CLIENTS`), or a
-    scenario's parties (generating it, or reading it from the cache)."""
-    if cfg.is_scenario:
-        return len(load_federated(cfg, seed).clients)
-    return cfg.num_clients or DEFAULT_CLIENTS
-
-
 def load_federated(cfg: DataConfig, seed: int) -> FederatedData:
     """Load ``cfg.dataset`` and split its train part among ``cfg.num_clients`` clients.
 

@@ -25,7 +25,6 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from sluice.data.federated import client_count
 from sluice.flower.deploy import (
     DeploymentError,
     LocalDeployment,
@@ -55,6 +54,15 @@ class FlowerOptions:
     def run_config(self, min_nodes: int = 0) -> dict[str, Any]:
         return {"round-timeout": float(self.round_timeout_s), "link-timeout": float(self.link_timeout_s),
                 "node-wait": float(self.node_wait_s), "min-nodes": int(min_nodes), "poll-interval": float(self.poll_s)}
+
+
+def _terminals(job: Job) -> int:
+    """The job's number of terminals (:func:`sluice.flower.engine.terminals`), its task built here."""
+    from sluice.flower.engine import terminals
+    from sluice.tasks import load_task
+
+    cfg = job.config
+    return terminals(load_task(cfg.task, seed=cfg.seed, data=cfg.data, hidden=cfg.model.hidden), cfg)[0]
 
 
 def _iterations(job: Job) -> int:
@@ -184,7 +192,7 @@ def run_on_flower(job: Job, out: str | None, opts: FlowerOptions, *, console: Co
                               "this runtime does not limit or count; drop the data amount requirements")
     if opts.superlink is not None:
         return _run_remote(job, out_path, opts, console=console)
-    terminals = client_count(job.config.data, job.config.seed)
+    terminals = _terminals(job)
     nodes = opts.nodes or terminals
     if not 1 <= nodes <= terminals:
         raise DeploymentError(f"--nodes must be in 1..{terminals} (data.num_clients: one terminal per node), "
