@@ -1,8 +1,9 @@
-"""Configuration of plain centralised training (``sluice local``): one dataset in one place, one MLP.
+"""Configuration of plain centralised training (``sluice local``): one task trained in one place.
 
-The dataset is an embedded one or a network-analytics scenario (``coverage``, ``energy``, ``kpi_anomaly``)
-sized by ``[data.scenario]``; a scenario's train rows of every party are pooled (the centralised model)
-and its own held-out rows are the test set, so ``test_fraction`` does not apply to it.
+The task is ``[task]`` (:mod:`sluice.tasks.config`), by default the built-in MLP task of ``[data] dataset``:
+an embedded dataset or a network-analytics scenario (``coverage``, ``energy``, ``kpi_anomaly``) sized by
+``[data.scenario]``; a scenario's train rows of every party are pooled (the centralised model) and its own
+held-out rows are the test set, so ``test_fraction`` does not apply to it.
 """
 
 from __future__ import annotations
