@@ -31,12 +31,27 @@ def output_layer(model: nn.Module) -> int:
     return sum(p.numel() for p in last)
 
 
+def _read(tensors: list[torch.Tensor]) -> np.ndarray:
+    parts = [t.detach().reshape(-1).to(device="cpu", dtype=torch.float32) for t in tensors]
+    return torch.cat(parts).numpy().copy() if parts else np.zeros(0, dtype=np.float32)
+
+
+def _write(tensors: list[torch.Tensor], vec: np.ndarray, what: str) -> None:
+    arr = np.asarray(vec)
+    d = sum(t.numel() for t in tensors)
+    if arr.ndim != 1 or arr.shape[0] != d:
+        raise ValueError(f"flat {what} vector must have shape ({d},), got {arr.shape}")
+    src = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32))
+    offset = 0
+    with torch.no_grad():
+        for t in tensors:
+            t.copy_(src[offset : offset + t.numel()].view_as(t))
+            offset += t.numel()
+
+
 def get_flat(model: nn.Module) -> np.ndarray:
     """Return a float32 copy of all parameters concatenated in ``parameters()`` order, shape ``(d,)``."""
-    params = [p.detach().reshape(-1).to(device="cpu", dtype=torch.float32) for p in model.parameters()]
-    if not params:
-        return np.zeros(0, dtype=np.float32)
-    return torch.cat(params).numpy().copy()
+    return _read(list(model.parameters()))
 
 
 def set_flat(model: nn.Module, vec: np.ndarray) -> None:
@@ -44,17 +59,7 @@ def set_flat(model: nn.Module, vec: np.ndarray) -> None:
 
     Raises ``ValueError`` when ``vec`` is not 1-D or its length is not ``num_params(model)``.
     """
-    arr = np.asarray(vec)
-    d = num_params(model)
-    if arr.ndim != 1 or arr.shape[0] != d:
-        raise ValueError(f"flat parameter vector must have shape ({d},), got {arr.shape}")
-    src = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32))
-    offset = 0
-    with torch.no_grad():
-        for p in model.parameters():
-            n = p.numel()
-            p.copy_(src[offset : offset + n].view_as(p))
-            offset += n
+    _write(list(model.parameters()), vec, "parameter")
 
 
 def _float_buffers(model: nn.Module) -> list[torch.Tensor]:
@@ -69,22 +74,12 @@ def num_buffers(model: nn.Module) -> int:
 def get_buffers(model: nn.Module) -> np.ndarray:
     """The floating-point buffers concatenated in ``buffers()`` order as one float32 vector (integer buffers,
     such as BatchNorm's batch counter, stay with the module)."""
-    bufs = [b.detach().reshape(-1).to(device="cpu", dtype=torch.float32) for b in _float_buffers(model)]
-    return torch.cat(bufs).numpy().copy() if bufs else np.zeros(0, dtype=np.float32)
+    return _read(_float_buffers(model))
 
 
 def set_buffers(model: nn.Module, vec: np.ndarray) -> None:
     """Overwrite the floating-point buffers with ``vec`` (the inverse of :func:`get_buffers`), in place."""
-    arr = np.asarray(vec)
-    d = num_buffers(model)
-    if arr.ndim != 1 or arr.shape[0] != d:
-        raise ValueError(f"flat buffer vector must have shape ({d},), got {arr.shape}")
-    src = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32))
-    offset = 0
-    with torch.no_grad():
-        for b in _float_buffers(model):
-            b.copy_(src[offset : offset + b.numel()].view_as(b))
-            offset += b.numel()
+    _write(_float_buffers(model), vec, "buffer")
 
 
 def layers(model: nn.Module) -> list[list[nn.Parameter]]:
