@@ -9,7 +9,9 @@ Resources and who writes them (LDNs under ``SubNetwork={sn}``)::
     NtfSubscriptionControl={id}                      consumer creates/deletes
 
 A request carries Sluice's job in VsDataContainer entries: ``sluice-job`` (the engine kind and its
-configuration, as in a job TOML file, with ``model.id/version/type``), ``sluice-requirements`` (R1; the
+configuration, as in a job TOML file, with ``model.id/version/type``; its ``[task]`` names a built-in task
+or one registered in the service's ``[tasks]``, never an import path: :mod:`sluice.service.tasks`),
+``sluice-requirements`` (R1; the
 3GPP ``performanceRequirements`` add their thresholds), ``sluice-termination`` (T1) and
 ``sluice-negotiation`` (``decidedBy``: ``consumer`` — the default when termination parameters are sent —,
 ``producer`` — the default otherwise — or ``negotiated``: the producer proposes and the process waits

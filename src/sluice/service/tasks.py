@@ -11,13 +11,12 @@ worker builds.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any
 
 from sluice.errors import TaskError
 from sluice.service.nrm import MnSError
-from sluice.tasks.config import BUILTIN_NAMES, import_factory
+from sluice.tasks.config import BUILTIN_NAMES, factory_kwargs, import_factory
 
 JOB = "VsDataContainer/sluice-job"
 
@@ -72,18 +71,9 @@ def check_args(name: str, args: dict[str, Any], registered: dict[str, str]) -> N
         raise MnSError(503, f"task {name!r} is registered on this service but cannot be loaded: {exc}",
                        bad_attributes=[JOB]) from exc
     try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return
-    kwargs = {**given, **args}
-    if "seed" in sig.parameters and "seed" not in kwargs:
-        kwargs["seed"] = 0
-    try:
-        sig.bind(**kwargs)
-    except TypeError as exc:
-        takes = ", ".join(p for p in sig.parameters if p not in given) or "none"
-        raise MnSError(400, f"sluice-job task.args {sorted(args)} do not fit task {name!r}: {exc}; it takes: "
-                       f"{takes}", bad_attributes=[JOB]) from exc
+        factory_kwargs(fn, name, {**given, **args}, 0)
+    except TaskError as exc:
+        raise MnSError(400, f"sluice-job task.args: {exc}", bad_attributes=[JOB]) from exc
 
 
 def producer_job(raw: dict[str, Any], registered: dict[str, str]) -> dict[str, Any]:

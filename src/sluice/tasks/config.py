@@ -64,24 +64,30 @@ def import_factory(ref: str) -> Callable[..., Any]:
     return fn
 
 
-def call_factory(fn: Callable[..., Any], label: str, args: dict[str, Any], seed: int) -> Any:
-    """``fn(**args)``, with ``seed`` when ``fn`` takes it and ``args`` gives none; a :class:`TaskError` when the
-    arguments do not fit or ``fn`` fails, and when it returns something else than a task."""
-    from sluice.tasks.task import Task
-
+def factory_kwargs(fn: Callable[..., Any], label: str, args: dict[str, Any], seed: int) -> dict[str, Any]:
+    """The keyword arguments ``fn`` is called with: ``args``, and ``seed`` when ``fn`` takes it and ``args``
+    gives none; a :class:`TaskError` naming what ``fn`` takes when they do not fit its signature."""
     kwargs = dict(args)
     try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        params = {}
-    if "seed" in params and "seed" not in kwargs:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # no signature to check (a builtin): the call itself will tell
+        return kwargs
+    if "seed" in sig.parameters and "seed" not in kwargs:
         kwargs["seed"] = int(seed)
     try:
-        inspect.signature(fn).bind(**kwargs)
+        sig.bind(**kwargs)
     except TypeError as exc:
-        raise TaskError(f"task {label!r}: arguments {sorted(kwargs)} do not fit: {exc}") from None
-    except ValueError:
-        pass
+        takes = ", ".join(sig.parameters) or "nothing"
+        raise TaskError(f"task {label!r}: arguments {sorted(args)} do not fit: {exc}; it takes: {takes}") from None
+    return kwargs
+
+
+def call_factory(fn: Callable[..., Any], label: str, args: dict[str, Any], seed: int) -> Any:
+    """``fn(**args)`` (:func:`factory_kwargs`); a :class:`TaskError` when the arguments do not fit or ``fn``
+    fails, and when it returns something else than a task."""
+    from sluice.tasks.task import Task
+
+    kwargs = factory_kwargs(fn, label, args, seed)
     try:
         task = fn(**kwargs)
     except TaskError:
