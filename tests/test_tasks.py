@@ -105,6 +105,9 @@ def test_set_task_name_picks_a_builtin_for_run_and_local(tmp_path: Path) -> None
                                                          seed=0).model())
     assert main(["local", "--set", "task.name=digits_cnn", "--set", "train.iterations=1",
                  "--out", str(tmp_path / "local")]) == 0
+    local = json.loads((tmp_path / "local" / "summary.json").read_text())
+    assert local["num_params"] == summary["num_params"] and local["iterations"] == 1
+    assert 0 <= local["final_test_accuracy"] <= 1
 
 
 @pytest.mark.parametrize(("factory", "message"), [

@@ -34,7 +34,14 @@ def train_local(job: Any, out: str | None, console: Console) -> int:
 
         plot_metrics(records, run_dir, list(engine.metric_fns), key="iteration", bytes_axis=False)
 
-    return run_job(job, out, console=console, unit="iteration", prefix="local", plot=plot, engine=engine)
+    def summarize(history: Any, engine: Any, wall: float) -> dict[str, Any]:
+        """``summary.json``: the last value of each test metric, the iterations, the time and the model size."""
+        last = history.records[-1] if history.records else {}
+        return {**{f"final_{k}": v for k, v in last.items() if k.startswith("test_") or k in engine.metric_fns},
+                "iterations": len(history.records), "wall_seconds": round(wall, 3), "num_params": engine.num_params}
+
+    return run_job(job, out, console=console, unit="iteration", prefix="local", plot=plot, engine=engine,
+                   summarize=summarize)
 
 
 # ------------------------------------------------------------------------------------------- data / report

@@ -193,6 +193,11 @@ class LocalTrainer(Suspendable):
         self.min_samples = int(n)
 
     @property
+    def num_params(self) -> int:
+        self.start()
+        return sum(p.numel() for p in self.model.parameters())
+
+    @property
     def params(self) -> np.ndarray:
         """Flat copy of the model weights."""
         self.start()
