@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sluice.errors import WireError
-from sluice.wire import dtypes, tensor, vector
+from sluice.wire import buffers, dtypes, tensor, vector
 from sluice.wire import frame as wf
 from sluice.wire.frame import (
     FRAME_OVERHEAD,
@@ -40,8 +40,9 @@ def scratch_registry(monkeypatch: pytest.MonkeyPatch) -> None:
 
 # ----------------------------------------------------------------------------------------- registry
 def test_builtin_kinds() -> None:
-    assert kinds() == {1: "dense", 2: "sparse", 3: "sketch", 4: "chain", 16: "tensor", 17: "control", 18: "raw"}
-    assert set(vector.KINDS) | set(tensor.KINDS) == set(kinds())
+    assert kinds() == {1: "dense", 2: "sparse", 3: "sketch", 4: "chain", 5: "buffers", 16: "tensor", 17: "control",
+                       18: "raw"}
+    assert set(vector.KINDS) | set(tensor.KINDS) | set(buffers.KINDS) == set(kinds())
     assert kind_name(wf.KIND_SPARSE) == "sparse"
 
 

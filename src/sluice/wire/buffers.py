@@ -16,9 +16,9 @@ from __future__ import annotations
 import numpy as np
 
 from sluice.errors import WireError
-from sluice.wire.frame import check_header, frame, read_varint, register_kind, unframe, varint
+from sluice.wire.frame import KIND_BUFFERS, check_header, frame, read_varint, unframe, varint
 
-KIND_BUFFERS = register_kind(5, "buffers")
+KINDS = (KIND_BUFFERS,)
 
 
 def with_buffers(message: bytes, buffers: np.ndarray | None) -> bytes:
