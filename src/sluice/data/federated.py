@@ -22,17 +22,11 @@ from sluice.data.partition import partition
 from sluice.data.synthetic import synthetic
 from sluice.errors import ConfigError, DataError
 from sluice.metrics import (
-    CLASSIFICATION,
     KNOWN,
-    REGRESSION,
     MetricSpec,
-    classification_metrics,
-    declare,
-    regression_metrics,
 )
 
 if TYPE_CHECKING:
-    import torch
 
     from sluice.data.config import DataConfig
     from sluice.data.scenarios import ScenarioData
@@ -85,27 +79,6 @@ class FederatedData:
             f"(per client min {int(s.min())}, median {float(np.median(s)):g}, max {int(s.max())}), "
             f"{len(self.y_test)} test samples, {self.num_features} features, {out}"
         )
-
-    def declared_metrics(self, extra: tuple[MetricSpec, ...] | list[MetricSpec] = ()) -> dict[str, MetricSpec]:
-        """What an engine training on this data reports: ``train_loss``, the test metrics of the task
-        (:data:`~sluice.metrics.CLASSIFICATION` or :data:`~sluice.metrics.REGRESSION`), the type-specific
-        errors and ``extra``."""
-        base = CLASSIFICATION if self.task == "classification" else REGRESSION
-        return declare(("train_loss", *base), [*self.metric_specs, *extra])
-
-    def test_metrics(self, outputs: torch.Tensor) -> dict[str, float]:
-        """Metrics of model ``outputs`` on the test rows: classification (cross-entropy, accuracy, macro
-        P/R/F1) or regression (MSE, MAE, RMSE, in the model's space), then each metric function on the
-        outputs (logits for classification, targets ``(n, k)`` for regression) and ``y_test``."""
-        if self.task == "classification":
-            metrics = classification_metrics(outputs, self.y_test, self.num_classes)
-            pred = outputs.numpy()
-        else:
-            pred = outputs.numpy().reshape(self.y_test.shape)
-            metrics = regression_metrics(pred, self.y_test)
-        for name, fn in self.metric_fns.items():
-            metrics[name] = float(fn(pred, self.y_test))
-        return metrics
 
     def to_model_space(self, X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Rows given in natural units as the model takes them (standardised with :attr:`scaling`; as they
