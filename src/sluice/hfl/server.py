@@ -2,109 +2,85 @@
 
 :class:`Server` is what a runtime (the simulator, a networked deployment) talks to: the downlink message
 for client c, client c's upload, the close of a round. Its algorithm is made of pure functions,
-``(ServerState, inputs) -> (ServerState, outputs)`` (:func:`aggregate`, :func:`server_step`); nothing is
-hidden in globals.
+``(ServerState, inputs) -> (ServerState, outputs)`` (:func:`aggregate`, :func:`server_step`,
+:func:`replay_step`); nothing is hidden in globals. Why each part is there, and what it costs and buys on
+the benchmark federations, is in ``docs/explanation/compression.md``.
 
-Notation per round t, over the d model coordinates:
+Notation per round t, over the d model coordinates, in a round that aggregates M uploads of N clients:
 
 * ``g_t = Σ_c w_c·ĝ_c / Σ_c w_c``: weighted average of the clients' unbiased update estimates ĝ_c
   (zeros where a client sent nothing; rand-k and sample estimates carry their ``1/p`` scales).
 * accumulated: ``a_t = g_t + e_{t−1}``. The residual ``e`` is zero at the coordinates applied last round
-  (up to rounding), so at those coordinates ``a_t`` is the aggregate alone (the seed's "first gradients")
-  and elsewhere the aggregate merged with the residual carried from earlier rounds (its "second
-  gradients").
-* selected: ``I_t = topk(a_t)`` with ``k = down_ratio·d`` per round, or, by default,
-  ``k = down_budget·(M/N)·d`` in a round that aggregates M uploads of N clients. It grows with M: the
-  server passes on a fixed share of what it received, so a round that aggregates twice the uploads
-  applies twice the coordinates instead of letting the residual (and with it the lag of the clients'
-  model behind the aggregate) grow. It shrinks with N: every step reaches every one of the N clients in
-  time (a client gets all the steps since it last synced), so the downlink costs about N·k a round
-  where dense FedAvg sends M models, and k ∝ M/N keeps that ratio, and with it the reduction, the same
-  for 20 clients at q = 0.25 and for 100 at q = 0.1.
-* applied: ``s_t[i] = round(η·a_t[i] + ρ·v_{t−1}[i])`` on ``I_t`` and 0 elsewhere, rounded to the downlink
-  value type (fp32, fp16, int8 or signs with a per-step scale): the model moves ``θ_{t+1} = θ_t + s_t``, a
-  step that travels to clients exactly.
+  (up to rounding), so there ``a_t`` is the aggregate alone, and elsewhere the aggregate plus what earlier
+  rounds left in the residual.
+* selected: ``I_t = topk(a_t)`` with ``k = down_ratio·d`` per round or, by default,
+  ``k = down_budget·(M/N)·d``. k grows with M: the server passes on a fixed share of what it received, so
+  the residual (and the clients' lag behind the aggregate) does not grow with the uploads. k shrinks with N:
+  every step reaches every one of the N clients in time (a client gets all the steps since it last synced),
+  so the downlink costs about N·k a round where dense FedAvg sends M models, and k ∝ M/N keeps that ratio,
+  and with it the reduction, the same at any N and q.
+* applied: ``s_t[i] = round(η·G_t·a_t[i] + ρ·v_{t−1}[i])`` on ``I_t`` and 0 elsewhere, rounded to the
+  downlink value type (fp32, fp16, int8, or signs with one float32 scale per step); the model moves
+  ``θ_{t+1} = θ_t + s_t`` in float32, a step that travels to the clients exactly, so a client that adds the
+  same steps in the same order holds the same model bit for bit.
 * sparse heavy ball (ρ > 0): the velocity is the applied step less what the gain added to it,
   ``v_t[i] = ρ·v_{t−1}[i] + (s_t[i] − ρ·v_{t−1}[i])/G_t`` on ``I_t`` (the applied step itself at a gain of 1),
   decaying as ``ρ·v`` elsewhere. A coordinate selected round after round moves as under dense momentum
   (``v_t = η·g_t + ρ·v_{t−1}``, FedAvgM); one left out keeps no pending velocity to burst with later. The
-  gain sizes each step's gradient part and the velocity carries that part at the configured step: were
-  the gained step the velocity, momentum would multiply the gain again, to ``G/(1 − ρ)`` on a coordinate
-  selected every round where FedAvgM moves ``1/(1 − ρ)``, and the more often coordinates are selected the
-  more the gain would overshoot (MNIST shards, ρ = 0.9, dense uploads and half of the coordinates a round:
-  6.2 points below FedAvgM with the gained velocity, 0.1 with this one). At the default budget, where few
-  coordinates are selected in consecutive rounds, the gained velocity was worth up to a point on some
-  federations (``bench/results/hfl_momentum*.md``).
-  The momentum is applied only where the step goes, so the step stays sparse, and momentum never enters
-  the residual. SPEC C2 puts the momentum on the aggregate before the selection (``g_t = ρ·g_{t−1} + g_t``);
-  with top-k that fills the residual with momentum-amplified mass, released in bursts against a model
-  that lags the dense one, which is what made momentum 0.9 lose the model (and masking the momentum at
-  the applied coordinates, as DGC does, stops exactly the coordinates that matter from accelerating).
+  gain sizes each step's gradient part and the velocity carries that part at the configured step: were the
+  gained step the velocity, momentum would multiply the gain again, to ``G/(1 − ρ)`` on a coordinate
+  selected every round where FedAvgM moves ``1/(1 − ρ)``. Momentum is applied only where the step goes, so
+  the step stays sparse, and it never enters the residual. (SPEC C2 puts the momentum on the aggregate
+  before the selection, ``g_t = ρ·g_{t−1} + g_t``; under top-k that fills the residual with
+  momentum-amplified mass, released in bursts against a model that lags the dense one. Masking the momentum
+  at the applied coordinates, as DGC does, stops exactly the coordinates that matter from accelerating.)
 * adaptive step (``compression.down_adapt`` = β > 0, top-k only): the gradient part of the step is
-  ``η·G_t·a_t``, with a gain ``G_t`` the server tunes from what the clients answer to its last step. Let
-  ``A_t`` be the share of the n coordinates applied last round where this round's aggregate has the sign of
-  that step (coordinates where nothing arrived do not count): ``G_t = clip(G_{t−1}·exp(β·(A_t − ½)), 1,
-  10)``, starting at 1. Aggregates that keep pointing the way the last step went (it fell short) raise the
-  gain; aggregates that turn back (it overshot) lower it. This is delta-bar-delta's rule (R. A. Jacobs,
-  "Increased rates of convergence through learning rate adaptation", Neural Networks 1988) and Rprop's
-  (Riedmiller and Braun, ICNN 1993) for one global step, which is all a step of one sign bit a value and
-  one scale can carry. A sparse step moves a coordinate once in many rounds, with everything it
-  accumulated meanwhile, and the gain sizes that move from the clients' own answers instead of a fixed
-  server learning rate (FedExP, Jhunjhunwala, Wang and Joshi, ICLR 2023, makes the same case for FedAvg's
-  server step). The gain costs no bytes: it is inside the step's scale. Two guards keep it honest:
+  ``η·G_t·a_t``, with a gain ``G_t`` tuned from what the clients answer to the last step. ``A_t`` is the
+  share of the n coordinates applied last round where this round's aggregate has the sign of that step
+  (coordinates where nothing arrived do not count), and ``G_t = clip(G_{t−1}·exp(β·(A_t − ½)), 1, 10)``
+  (:data:`GAIN_BOUNDS`), starting at 1. Aggregates that keep pointing the way the last step went (it fell
+  short) raise the gain; aggregates that turn back (it overshot) lower it. This is delta-bar-delta's rule
+  (R. A. Jacobs, Neural Networks 1988) and Rprop's (Riedmiller and Braun, ICNN 1993) for one global step,
+  which is all a step of one scale can carry; FedExP (Jhunjhunwala, Wang and Joshi, ICLR 2023) makes the
+  same case for FedAvg's server step. The gain costs no bytes: it is inside the step's scale. Guards:
 
   - it never goes below 1, the configured server step (FedExP's ``max(1, ·)``). A turn-back is not only
     overshoot: the top-k picks the stiffest coordinates, which turn back at steps the rest of the model
-    needs, and on label-sharded clients the next round's clients disagree with the last ones at any step.
-    Below 1 the whole model slows down for them: on the energy scenario the gain sank to 0.1–0.2 over the
-    last hundred of its 400 rounds, and its error ended 10 % above the fixed step's;
-  - it moves only on evidence: when ``|A_t − ½|`` is within one standard error of a fair coin over the n
-    coordinates (``½/√n``), it stays. On the suite's models a round hears from 8 to 35 of the stepped
-    coordinates, and an integrator of that noise wanders off with the square root of the rounds;
-  - it decides on the answers of at least :data:`GAIN_UPLOADS` = 4 uploads and :data:`GAIN_EVIDENCE` = 8
-    heard coordinates: a round with fewer adds its counts to the next ones', and A is the share over the
-    pooled rounds. The coordinates one upload answers with are one client's answer, not independent coin
-    flips, and a round of two uploads is two answers. Such a round (Synthetic(1, 1) with 20 clients at
-    q = 0.1: two uploads of 2 % of the coordinates) hears about 2 coordinates of a 0.2 % step, A was 0 or 1 by
-    chance half of the time, and the gain, moved by ``e^{±β/2}`` every other round and kept above 1 by its
-    floor, drifted up on noise alone. Over seeds 3–11 of that federation it pushed three models off (0.53,
-    0.07 and 0.33, where the fixed step ends at 0.78 to 0.91); on seed 6 two coin flips took it from 1 to 2.7
-    near round 55 and the weights went to infinity by round 90. Pooled to 8 coordinates those seeds end at
-    0.85, 0.69 and 0.68 (seeds 3–11 4.9 points below dense FedAvg), and with 4 uploads as well at 0.89, 0.79
-    and 0.83 (2.2 below; the fixed step 1.9, and 20.1 before). Where every round aggregates 4 uploads or more
-    and hears 8 coordinates or more (the default's 5 uploads hear 8 to 35), nothing changes.
+    needs, and label-sharded clients disagree with the last round's clients at any step;
+  - it moves only on evidence: while ``|A_t − ½|`` is within one standard error of a fair coin over the n
+    coordinates (``½/√n``), it stays, so that it does not integrate noise;
+  - it decides on the answers of at least :data:`GAIN_UPLOADS` uploads and :data:`GAIN_EVIDENCE` heard
+    coordinates: a round with fewer adds its counts to the next ones' (``ServerState.evidence``), and A is
+    the share over the pooled rounds. The coordinates one upload answers with are one client's answer, not
+    independent coin flips. A round of the default federation (5 uploads, 8 to 35 coordinates heard)
+    decides on its own.
 * error feedback: ``e_t = a_t − (s_t − ρ·v_{t−1})/(η·G_t)`` on ``I_t`` and ``a_t`` elsewhere: the gradient
   part of the step leaves the residual, with its rounding error kept, so
   ``Σ_t (s_t − ρ·v_{t−1})/(η·G_t) + e_T = Σ_t g_t`` and nothing aggregated is ever lost, only delayed.
-
 * replayed momentum (ρ > 0 and ``compression.momentum_replay`` = r > 0, r = 0.4 by default; top-k only;
   :func:`replay_step`): the output layer, the model's last block ``[lo, d)``, leaves the step above and takes
   FedAvgM's heavy ball, replayed by every client. Its accumulated aggregate ``a = e + η·g`` sends its top
-  ``r·(M/N)·(d − lo)`` coordinates (10 % of the output layer at r = 0.4 for the default's 5 uploads of 20
-  clients; signs with one scale) as the innovation ``c_t``, error feedback keeps the rest, and server and clients
-  alike move the whole block every round: ``v_t = r_t·v_{t−1} + c_t``, ``θ[lo:] += v_t`` (float32, one function
-  on both sides). A client keeps its velocity and replays the innovations of the rounds it missed, a few dozen
-  bytes each with their decays ``r_t`` (:mod:`sluice.hfl.downlink`); the share scales with M/N as the step's k
-  does, so the bytes keep their ratio to dense FedAvg's at any N. Why: the sparse heavy ball cannot give the
-  output layer what FedAvgM's velocity gives it, a move every round that averages about ten rounds of clients
-  (at 0.5 % of d a round a coordinate is stepped about once in 200 rounds, its velocity long decayed), and dense
-  momentum on the output layer alone is worth 4.5 of FedAvgM's 8 points over FedAvg on MNIST shards. The output
-  layer can take the replay: at a share near 1 − ρ error feedback returns what it holds within the momentum's
-  time constant. The whole model cannot: replayed at the default budget, momentum amplified mass that error
-  feedback had held back for hundreds of rounds and the model collapsed.
+  ``r·(M/N)·(d − lo)`` coordinates (10 % of the layer for the default's 5 uploads of 20 clients; signs with
+  one scale) as the innovation ``c_t``; error feedback keeps the rest, and server and clients alike move the
+  whole block every round: ``v_t = r_t·v_{t−1} + c_t``, ``θ[lo:] += v_t`` (float32, one function on both
+  sides, :func:`sluice.wire.vector.replay_block`). A client keeps its velocity and replays the innovations
+  of the rounds it missed, a few dozen bytes each with their decays ``r_t`` (:mod:`sluice.hfl.downlink`);
+  the share scales with M/N as the step's k does. The sparse heavy ball cannot give the output layer what
+  FedAvgM's velocity gives it, a move every round that averages about ten rounds of clients; at a share near
+  1 − ρ error feedback returns what it holds within the momentum's time constant. The whole model is not
+  replayed: at 0.5 % of d a round a coordinate is stepped about once in 200 rounds, and momentum would
+  amplify mass that error feedback held back that long.
 
-  Where FedAvgM itself diverges (Synthetic federations with ρ = 0.9: 0.42, 0.62 and 0.73 over 6 seeds) the
-  replay must not follow it. One factor ``f ∈ (0, 1]``, starting at 1 (FedAvgM on the output layer), follows the
-  clients' answers: A is the share of the block's coordinates where the aggregate has the velocity's sign, and
-  outside the ``½/√n`` dead zone ``f ← clip(f·exp(β·(A − ½)), 0, 1)``, with β four times larger
-  (:data:`REPLAY_FALL`) when A < ½. From 1 down to 1 − ρ, ``f`` scales the innovation (the layer's step for a
-  steady aggregate falls from FedAvgM's 1/(1 − ρ) to FedAvg's 1); below, the innovation keeps the scale 1 − ρ
-  and the momentum itself fades, ``r_t = ρ·f/(1 − ρ)``, down to none. Both halves are needed. Scaling the
-  innovation alone leaves the heavy ball's ringing (its roots have modulus √ρ ≈ 0.95), and FedAvgM's divergence
-  came back: Synthetic(0.5, 0.5), ρ = 0.9, seed 3 fell to 0.158 with a symmetric rule and to 0.64 with the
-  asymmetric one, where the sparse heavy ball ends at 0.93. Fading the momentum alone gave up most of the gain
-  (MNIST shards 0.896 against 0.908). The asymmetry is a trust region's: shrink fast on evidence of overshoot,
-  grow back slowly (a symmetric rule let ``f`` random-walk back to 1 during a growing oscillation).
+  Where FedAvgM itself diverges the replay must not follow it. One factor ``f ∈ (0, 1]``, starting at 1
+  (FedAvgM on the output layer), follows the clients' answers: A is the share of the block's coordinates
+  where the aggregate has the velocity's sign, and outside the ``½/√n`` dead zone
+  ``f ← clip(f·exp(β·(A − ½)), 0, 1)``, with β :data:`REPLAY_FALL` times larger when A < ½. From 1 down to
+  1 − ρ, ``f`` scales the innovation (the layer's step for a steady aggregate falls from FedAvgM's
+  1/(1 − ρ) to FedAvg's 1); below, the innovation keeps the scale 1 − ρ and the momentum itself fades,
+  ``r_t = ρ·f/(1 − ρ)``, down to none. Both halves are needed: scaling the innovation alone leaves the heavy
+  ball's ringing (its roots have modulus √ρ ≈ 0.95), fading the momentum alone gives up most of what the
+  replay gains. The asymmetry is a trust region's: shrink fast on evidence of overshoot, grow back slowly
+  (a symmetric rule lets ``f`` random-walk back to 1 during a growing oscillation).
 
 With ρ = 0 and β = 0 this is top-k with error feedback. ``ratio = 1`` (``compression.down = "dense"``)
 applies the whole aggregate with the gain left at 1: plain FedAvg, and with ρ > 0 FedAvgM.
@@ -502,12 +478,12 @@ class Server(UploadInbox):
         out = cls(cfg, params, n, output_layer=int(tree.get("output_layer", 0)), buffers=tree.get("buffers"))
         if residual.shape != (out.d,) or momentum.shape != (out.d,):
             raise WireError(f"server state: residual/momentum do not have the model's {out.d} coordinates")
-        # states saved before the adaptive step have no gain: they start it at 1
+        # a state without a gain starts it at 1
         last_idx, last_sign = tree.get("last_idx"), tree.get("last_sign")
         if (last_idx is None) != (last_sign is None) or last_idx is not None and (
                 last_idx.shape != last_sign.shape or np.any((last_idx < 0) | (last_idx >= out.d))):
             raise WireError("server state: the last step's coordinates and signs do not fit the model")
-        evidence = tree.get("evidence", [0, 0, 0])  # states saved before the pooled evidence start with none
+        evidence = tree.get("evidence", [0, 0, 0])  # a state without evidence starts with none
         if not (isinstance(evidence, list) and len(evidence) == 3 and all(type(x) is int for x in evidence)
                 and 0 <= evidence[0] <= evidence[1] and evidence[2] >= 0):
             raise WireError(f"server state: the gain's evidence must be three counts (agreeing <= heard, uploads): "

@@ -8,7 +8,7 @@ the buffers; :mod:`sluice.hfl.server`). Body::
     n bytes    the inner message (a vector payload or a patch chain, framed as usual)
     4·b bytes  the b buffers, float32 little-endian
 
-A model without floating-point buffers sends its messages without this frame, byte for byte as before.
+A model without floating-point buffers sends its messages bare, without this frame, and pays nothing for it.
 """
 
 from __future__ import annotations

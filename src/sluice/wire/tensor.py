@@ -10,7 +10,7 @@ Layout (all integers little-endian)::
     kind 17 control = UTF-8 JSON object {"type": str, ...}
     kind 18 raw     = opaque bytes (link probes)
 
-A frame adds :data:`FRAME_OVERHEAD` = 7 bytes to its body (format version 1 added 10). The CRC is checked
+A frame adds :data:`FRAME_OVERHEAD` = 7 bytes to its body. The CRC is checked
 before the body is interpreted, so a truncated or corrupted frame raises :class:`WireError` instead of
 yielding wrong numbers. Tensor data is the C-contiguous little-endian element array; its length must equal
 ``prod(dims) * itemsize``. The dtype byte is the code of :mod:`sluice.wire.dtypes`.

@@ -47,10 +47,7 @@ sparse parts over the ``d − lo`` coordinates of the block ``[lo, d)``, the rou
 replays with their decays: ``v ← decay·v; v[c.indices] += c; x[lo:] += v``, in float32 (:class:`ReplayChain`).
 
 A rand-k message of ``k`` fp16 values therefore costs ``4 + len(varint d) + len(varint k) + 8 + 2k + 4``
-bytes: 2k + 21 for d=26,000, k=520. Against format version 1 (magic, version, flags, ..., CRC-32) every
-dense, sparse and sketch message is exactly one byte longer (the kind byte), and a patch chain of ``n``
-full-frame parts ``n + 1`` bytes longer (plus one byte for each part whose length reaches 128 or 16,384
-bytes, where its length varint grows).
+bytes: 2k + 21 for d=26,000, k=520.
 
 Index coding of explicit indices ``i_0 < i_1 < ... < i_{k-1}`` picks the smallest of
 
