@@ -8,6 +8,11 @@ at (IP addresses as IP subject alternative names, other names as DNS names).
 
 :func:`make_client_certificate` signs a client certificate with the same CA, for services that ask their
 callers for one (``sluice serve --tls-client-ca ca.pem``: mutual TLS).
+
+:func:`make_split_certificates` makes what the parties of split training across hosts need for mutual TLS
+(``sluice split party``, ``[transport.tls]``): a server certificate for each follower, which listens, naming
+the addresses the leader reaches it at, and a client certificate for the leader, which connects, all signed
+by one CA; each party's files go into a folder of their own, to be copied to that party's host.
 """
 
 from __future__ import annotations
@@ -44,28 +49,12 @@ def _san(host: str):  # noqa: ANN202 - a cryptography GeneralName
         return x509.DNSName(host)
 
 
-def make_certificates(out: str | Path, hosts: list[str] | tuple[str, ...] = ("127.0.0.1", "localhost"),
-                      *, days: int = 365, overwrite: bool = False) -> CertFiles:
-    """Write ``ca.pem`` (with its key ``ca.key``), ``server.pem`` and ``server.key`` into ``out``.
-
-    ``hosts`` are the addresses the SuperLink is reached at; a node that connects through another name
-    fails the TLS check. Existing files are kept unless ``overwrite``: a deployment's nodes must keep
-    trusting the CA they were given.
-    """
+def _new_ca(now: dt.datetime, until: dt.datetime):  # noqa: ANN202 - (certificate, private key)
+    """A self-signed CA (EC P-256) that signs certificates only, not intermediate CAs."""
     from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    if not hosts:
-        raise ConfigError("name at least one host the SuperLink is reached at")
-    out = Path(out)
-    files = CertFiles(out / CA_CERT, out / SERVER_CERT, out / SERVER_KEY)
-    if not overwrite and all(p.exists() for p in (files.ca, files.cert, files.key)):
-        return files
-    out.mkdir(parents=True, exist_ok=True)
-    now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
-    until = now + dt.timedelta(days=days)
+    from cryptography.x509.oid import NameOID
 
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Sluice deployment CA")])
@@ -77,15 +66,55 @@ def make_certificates(out: str | Path, hosts: list[str] | tuple[str, ...] = ("12
                                        key_agreement=False, encipher_only=False, decipher_only=False),
                          critical=True)
           .sign(ca_key, hashes.SHA256()))
+    return ca, ca_key
+
+
+def _leaf(ca, ca_key, common_name: str, now: dt.datetime, until: dt.datetime, *,  # noqa: ANN001, ANN202
+          server_hosts: list[str] | tuple[str, ...] | None = None):
+    """(key, certificate) signed by the CA: a server certificate naming ``server_hosts`` (extended key usage
+    server authentication), or without them a client certificate (client authentication)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
     key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])])
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(ca_name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now).not_valid_after(until)
-            .add_extension(x509.SubjectAlternativeName([_san(h) for h in hosts]), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+    builder = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME,
+                                                                                     common_name)]))
+               .issuer_name(ca.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(now).not_valid_after(until))
+    if server_hosts is not None:
+        builder = builder.add_extension(x509.SubjectAlternativeName([_san(h) for h in server_hosts]),
+                                        critical=False)
+    usage = ExtendedKeyUsageOID.SERVER_AUTH if server_hosts is not None else ExtendedKeyUsageOID.CLIENT_AUTH
+    cert = (builder.add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
             .sign(ca_key, hashes.SHA256()))
+    return key, cert
+
+
+def make_certificates(out: str | Path, hosts: list[str] | tuple[str, ...] = ("127.0.0.1", "localhost"),
+                      *, days: int = 365, overwrite: bool = False) -> CertFiles:
+    """Write ``ca.pem`` (with its key ``ca.key``), ``server.pem`` and ``server.key`` into ``out``.
+
+    ``hosts`` are the addresses the SuperLink is reached at; a node that connects through another name
+    fails the TLS check. Existing files are kept unless ``overwrite``: a deployment's nodes must keep
+    trusting the CA they were given.
+    """
+    from cryptography.hazmat.primitives import serialization
+
+    if not hosts:
+        raise ConfigError("name at least one host the SuperLink is reached at")
+    out = Path(out)
+    files = CertFiles(out / CA_CERT, out / SERVER_CERT, out / SERVER_KEY)
+    if not overwrite and all(p.exists() for p in (files.ca, files.cert, files.key)):
+        return files
+    out.mkdir(parents=True, exist_ok=True)
+    now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
+    until = now + dt.timedelta(days=days)
+
+    ca, ca_key = _new_ca(now, until)
+    key, cert = _leaf(ca, ca_key, hosts[0], now, until, server_hosts=hosts)
 
     pem = serialization.Encoding.PEM
     plain = serialization.NoEncryption()
@@ -111,33 +140,103 @@ def _write(path: Path, data: bytes, *, secret: bool = False) -> None:
         raise
 
 
-def make_client_certificate(out: str | Path, name: str, *, days: int = 365) -> CertFiles:
-    """Write ``<name>.pem`` and ``<name>.key`` into ``out``: a client certificate (common name ``name``,
-    extended key usage client authentication) signed by the CA that :func:`make_certificates` put there."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    out = Path(out)
+def _name(name: str, what: str) -> str:
     if not re.fullmatch(r"[A-Za-z0-9_.\-]+", name):
-        raise ConfigError(f"a client name is letters, digits and -_. only, got {name!r}")
+        raise ConfigError(f"a {what} name is letters, digits and -_. only, got {name!r}")
+    return name
+
+
+def _load_ca(out: Path):  # noqa: ANN202 - (certificate, private key)
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
     try:
         ca = x509.load_pem_x509_certificate((out / CA_CERT).read_bytes())
         ca_key = serialization.load_pem_private_key((out / "ca.key").read_bytes(), password=None)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"no usable CA in {out} (make one with make_certificates): {exc}") from exc
-    now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
-            .issuer_name(ca.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now).not_valid_after(now + dt.timedelta(days=days))
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    return ca, ca_key
+
+
+def _write_pair(files: CertFiles, key, cert) -> None:  # noqa: ANN001
+    from cryptography.hazmat.primitives import serialization
+
     pem = serialization.Encoding.PEM
-    files = CertFiles(out / CA_CERT, out / f"{name}.pem", out / f"{name}.key")
     _write(files.key, key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
            secret=True)
     _write(files.cert, cert.public_bytes(pem))
+
+
+def make_client_certificate(out: str | Path, name: str, *, days: int = 365) -> CertFiles:
+    """Write ``<name>.pem`` and ``<name>.key`` into ``out``: a client certificate (common name ``name``,
+    extended key usage client authentication) signed by the CA that :func:`make_certificates` put there."""
+    out = Path(out)
+    _name(name, "client")
+    ca, ca_key = _load_ca(out)
+    now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
+    key, cert = _leaf(ca, ca_key, name, now, now + dt.timedelta(days=days))
+    files = CertFiles(out / CA_CERT, out / f"{name}.pem", out / f"{name}.key")
+    _write_pair(files, key, cert)
     return files
+
+
+@dataclass(frozen=True)
+class PartyCerts:
+    """One party's files from :func:`make_split_certificates`: everything in ``folder`` goes to its host."""
+
+    name: str
+    role: str  # "follower" (server certificate) or "leader" (client certificate)
+    folder: Path
+    files: CertFiles
+    hosts: tuple[str, ...] = ()
+
+
+def make_split_certificates(out: str | Path, followers: dict[str, list[str]], leader: str = "leader", *,
+                            days: int = 365, overwrite: bool = False) -> list[PartyCerts]:
+    """Certificates for split training across hosts with mutual TLS: followers first, then the leader.
+
+    ``followers`` maps each follower's name to the addresses (IP or DNS names) its leader reaches it at.
+    Writes the CA into ``out`` (``ca.pem`` and ``ca.key``, which stays there), and for each party a folder
+    ``out/<name>/`` holding ``ca.pem``, ``<name>.pem`` and ``<name>.key``: a follower's is a server
+    certificate naming its addresses, the leader's a client certificate. A CA already in ``out`` is reused
+    (parties made before keep working) unless ``overwrite``; the parties' certificates are always new.
+    """
+    from cryptography.hazmat.primitives import serialization
+
+    out = Path(out)
+    if not followers:
+        raise ConfigError("name at least one follower and the addresses the leader reaches it at")
+    names = [_name(n, "party") for n in followers] + [_name(leader, "party")]
+    for n in names:
+        if not n[0].isalnum() or n.lower() in ("ca", "ca.pem", "ca.key"):
+            raise ConfigError(f"a party name starts with a letter or digit and is not the CA's, got {n!r}")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"every party needs its own name, got {names}")
+    for name, hosts in followers.items():
+        if not hosts:
+            raise ConfigError(f"name the addresses the leader reaches follower {name!r} at")
+        for h in hosts:
+            _san(h)
+    now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
+    until = now + dt.timedelta(days=days)
+    if not overwrite and (out / CA_CERT).exists():
+        ca, ca_key = _load_ca(out)
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        ca, ca_key = _new_ca(now, until)
+        pem = serialization.Encoding.PEM
+        _write(out / "ca.key", ca_key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
+                                                    serialization.NoEncryption()), secret=True)
+        _write(out / CA_CERT, ca.public_bytes(pem))
+    ca_pem = (out / CA_CERT).read_bytes()
+    parties = [(n, "follower", tuple(h)) for n, h in followers.items()] + [(leader, "leader", ())]
+    made = []
+    for name, role, hosts in parties:
+        folder = out / name
+        folder.mkdir(parents=True, exist_ok=True)
+        files = CertFiles(folder / CA_CERT, folder / f"{name}.pem", folder / f"{name}.key")
+        key, cert = _leaf(ca, ca_key, name, now, until, server_hosts=hosts if role == "follower" else None)
+        _write(files.ca, ca_pem)
+        _write_pair(files, key, cert)
+        made.append(PartyCerts(name, role, folder, files, hosts))
+    return made
