@@ -270,25 +270,29 @@ def keep_probabilities(x: np.ndarray, k: int) -> np.ndarray:
     probabilities with ``Σ p_i = k`` (Wangni, Wang, Liu, Zhang, "Gradient Sparsification for
     Communication-Efficient Distributed Optimization", NeurIPS 2018). With ``|x|`` sorted decreasingly,
     ``a_0 ≥ a_1 ≥ ...`` and tail sums ``T_c = Σ_{j≥c} a_j``, the first ``c`` coordinates are capped at
-    ``p = 1`` for the smallest ``c`` with ``(k − c)·a_c ≤ T_c``, and ``λ = T_c / (k − c)``. Non-finite
-    values are kept for sure.
+    ``p = 1`` for the smallest ``c`` with ``(k − c)·a_c ≤ T_c``, and ``λ = T_c / (k − c)``. Since ``c < k``, only
+    the ``k`` largest magnitudes are sorted (a partition finds them) and ``T_c = Σ a − Σ_{j<c} a_j``: O(d + k log k)
+    instead of a sort of all d. Non-finite values are kept for sure.
     """
     a = np.abs(np.asarray(x, dtype=np.float64))
-    bad = ~np.isfinite(a)
-    if bad.any():  # sent for sure, as top-k would send them, so that the receiver sees the divergence
-        a[bad] = 0.0
-        p = keep_probabilities(a, max(0, k - int(bad.sum())))
-        p[bad] = 1.0
-        return p
+    total = float(a.sum())
+    if not np.isfinite(total):
+        bad = ~np.isfinite(a)
+        if bad.any():  # sent for sure, as top-k would send them, so that the receiver sees the divergence
+            a[bad] = 0.0
+            p = keep_probabilities(a, max(0, k - int(bad.sum())))
+            p[bad] = 1.0
+            return p
     if k <= 0:
         return np.zeros_like(a)
     if np.count_nonzero(a) <= k:
         return (a > 0).astype(np.float64)
-    s = np.sort(a)[::-1]
-    tail = np.cumsum(s[::-1])[::-1]
+    s = np.sort(np.partition(a, a.shape[0] - k)[a.shape[0] - k:])[::-1]  # the k largest, decreasing
+    tail = total - np.concatenate(([0.0], np.cumsum(s[:-1])))  # T_c for c < k
     c = np.arange(k)
-    capped = int(np.argmax((k - c) * s[:k] <= tail[:k]))  # c = k−1 always qualifies: a_{k−1} ≤ T_{k−1}
-    return np.minimum(1.0, a / (tail[capped] / (k - capped)))
+    capped = int(np.argmax((k - c) * s <= tail))  # c = k−1 always qualifies: a_{k−1} ≤ T_{k−1}
+    p = a / (tail[capped] / (k - capped))
+    return np.minimum(p, 1.0, out=p)
 
 
 def sample(ratio: float) -> Stage:
