@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -83,3 +84,16 @@ def test_config_reference_names_every_engine_key() -> None:
     for key in ("up_by_weight", "momentum_replay", "max_train_samples", "queue_threshold_bytes", "producer_timeout_s",
                 "stop_when_met", "divergence_factor", "max_upload_bytes", "token_sha256", "pilot_pollution_cells"):
         assert f"| `{key}` |" in page, key
+
+
+def test_readme_is_short_and_its_links_resolve() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 150
+    commands = re.findall(r"^```bash\n(.*?)^```", readme, re.S | re.M)
+    assert commands[0].startswith("python3.11 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/sluice run")
+    assert commands[1].strip() == ("python3.11 -m venv .venv && .venv/bin/pip install -e '.[test]' && "
+                                   ".venv/bin/ruff check src tests bench && .venv/bin/pytest")
+    assert commands[1].strip() in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", readme):
+        if "://" not in target:
+            assert (ROOT / target).exists(), target
