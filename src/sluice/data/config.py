@@ -67,7 +67,7 @@ class DataConfig(Section):
                                 "the task's (0.3)")
     shards_per_client: int | None = Field(None, ge=1, description="shards of one label per client; default: the "
                                           "task's (2)")
-    test_fraction: float = Field(0.2, gt=0, lt=1)
+    test_fraction: float = Field(0.2, gt=0, lt=1, description="share of an embedded dataset held out for testing")
     synthetic_alpha: float = Field(1.0, ge=0, description="FedProx Synthetic(alpha, beta): model skew")
     synthetic_beta: float = Field(1.0, ge=0, description="FedProx Synthetic(alpha, beta): data skew")
     scenario: ScenarioTable = Field(default_factory=dict)

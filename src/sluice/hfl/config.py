@@ -29,20 +29,21 @@ class ModelConfig(Section):
 
 
 class TrainConfig(Section):
-    rounds: int = Field(150, ge=1)
+    rounds: int = Field(150, ge=1, description="rounds; the default iteration limit of a job")
     participation: float = Field(0.25, gt=0, le=1, description="fraction q of clients sampled per round")
     dropout: float = Field(0.0, ge=0, lt=1, description="probability a sampled client fails mid-round")
-    local_epochs: int = Field(2, ge=1)
-    batch_size: int = Field(16, ge=1)
-    lr: float = Field(0.05, gt=0)
-    server_lr: float = Field(1.0, gt=0)
-    eval_every: int = Field(1, ge=1)
+    local_epochs: int = Field(2, ge=1, description="epochs of local training per round")
+    batch_size: int = Field(16, ge=1, description="local minibatch size")
+    lr: float = Field(0.05, gt=0, description="local learning rate (the default SGD optimizer's)")
+    server_lr: float = Field(1.0, gt=0, description="server step size eta on the aggregate")
+    eval_every: int = Field(1, ge=1, description="evaluate the server model on the test set every this many rounds")
     device: str = Field("cpu", pattern=DEVICE_PATTERN, description="where local training and evaluation run: auto "
                         "(a CUDA GPU when there is one), cpu, cuda or cuda:N")
 
 
 class CompressionConfig(Section):
-    up: Literal["dense", "randk", "topk", "sample", "sketch"] = "sample"
+    up: Literal["dense", "randk", "topk", "sample", "sketch"] = Field(
+        "sample", description="upload compressor: unbiased importance sample, top-k, rand-k, count sketch or dense")
     up_ratio: float = Field(0.02, gt=0, le=1, description="k/d for rand-k, top-k and sample uploads (expected k "
                                                           "for sample)")
     up_values: Literal["auto", "fp32", "fp16", "int8", "sign"] = Field(
@@ -61,10 +62,11 @@ class CompressionConfig(Section):
     up_feedback: bool = Field(True, description="keep what an upload left out (top-k) or rounded (rand-k, "
                                                 "sample) in the client's residual and send it with its next "
                                                 "upload")
-    sketch_rows: int = Field(5, ge=1)
+    sketch_rows: int = Field(5, ge=1, description="rows of a count-sketch upload")
     sketch_cols_ratio: float = Field(0.1, gt=0, le=1, description="sketch columns as a fraction of d")
-    lossless: Literal["none", "zstd"] = "none"
-    down: Literal["dense", "topk"] = "topk"
+    lossless: Literal["none", "zstd"] = Field("none", description="lossless compression of uploads")
+    down: Literal["dense", "topk"] = Field("topk", description="server step: top-k of the aggregate with error "
+                                           "feedback, or dense (FedAvg)")
     down_ratio: float | None = Field(None, gt=0, le=1, description="k/d the server applies per round (top-k); "
                                      "unset: down_budget times the share of the clients whose uploads it aggregated")
     down_budget: float = Field(0.02, gt=0, le=1, description="k/d the server applies in a round that aggregates "
@@ -86,8 +88,10 @@ class CompressionConfig(Section):
                                    "momentum_replay*M/N, at most 1), the clients replaying the momentum on the "
                                    "whole output layer; 0: the output layer takes the sparse heavy ball as the "
                                    "rest of the model")
-    downlink: Literal["dense", "initial", "per-client", "anchor"] = "per-client"
-    anchor_every: int = Field(10, ge=1)
+    downlink: Literal["dense", "initial", "per-client", "anchor"] = Field(
+        "per-client", description="what a client receives: the steps it missed (per-client), a patch from the "
+                                  "initial model or the last anchor, or the dense model")
+    anchor_every: int = Field(10, ge=1, description="rounds between anchors (downlink anchor)")
 
     @property
     def weighted_uploads(self) -> bool:
@@ -123,7 +127,8 @@ class CompressionConfig(Section):
 
 
 class HFLConfig(Section):
-    seed: int = 0
+    seed: int = Field(0, description="seeds the data split, the model, sampling and compression: the same "
+                      "configuration gives the same numbers")
     task: TaskConfig = Field(default_factory=TaskConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)

@@ -19,7 +19,7 @@ from sluice.tasks.config import DEVICE_PATTERN, TaskConfig
 
 class LocalData(Section):
     dataset: Literal["digits", "breast_cancer", "mnist", "coverage", "energy", "kpi_anomaly"] = "digits"
-    test_fraction: float = Field(0.2, gt=0, lt=1)
+    test_fraction: float = Field(0.2, gt=0, lt=1, description="share of an embedded dataset held out for testing")
     max_train_samples: int | None = Field(None, ge=1, description="start with only this many samples")
     scenario: ScenarioTable = Field(default_factory=dict)
 
@@ -30,15 +30,15 @@ class LocalModel(Section):
 
 class LocalTrain(Section):
     iterations: int = Field(30, ge=1, description="epochs; the default iteration limit of a job")
-    lr: float = Field(0.05, gt=0)
-    momentum: float = Field(0.0, ge=0, lt=1)
-    batch_size: int = Field(32, ge=1)
+    lr: float = Field(0.05, gt=0, description="learning rate (the default SGD optimizer's)")
+    momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum (the default optimizer)")
+    batch_size: int = Field(32, ge=1, description="minibatch size")
     min_samples: int = Field(1, ge=0, description="fewer samples = inadequate training data")
     device: str = Field("cpu", pattern=DEVICE_PATTERN, description="where training runs: auto, cpu, cuda or cuda:N")
 
 
 class LocalConfig(Section):
-    seed: int = 0
+    seed: int = Field(0, description="seeds the split, the model and the batch order")
     task: TaskConfig = Field(default_factory=TaskConfig)
     data: LocalData = Field(default_factory=LocalData)
     model: LocalModel = Field(default_factory=LocalModel)
