@@ -209,3 +209,8 @@ def test_the_own_model_example_runs_as_the_readme_shows(tmp_path: Path) -> None:
     assert summary["rounds"] < 60 and summary["final_accuracy"] >= 0.95 and summary["total_bytes_up"] > 0
     report = json.loads((out / "report.json").read_text())
     assert report["cause"] == "CRITERION_MET" and "test_accuracy" in report["termination"]["performance"]
+
+
+def test_error_messages_keep_their_brackets(capsys: pytest.CaptureFixture) -> None:
+    assert main(["serve", "--host", "192.0.2.1"]) == 2  # refused before it listens: no TLS, no tokens
+    assert "[auth] tokens" in capsys.readouterr().err  # printed as written, not taken for console markup

@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 
 from sluice import __version__
 from sluice.errors import SluiceError
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except SluiceError as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False)
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         return 2
     except KeyboardInterrupt:
         Console(stderr=True).print("[yellow]interrupted[/]")
