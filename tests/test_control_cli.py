@@ -106,6 +106,8 @@ def test_data_add_errors(tmp_path: Path, capsys, digits_file: Path) -> None:
     assert "X and y" in capsys.readouterr().err
     assert main(["report", str(tmp_path)]) == 2
     assert "no report.json" in capsys.readouterr().err
+    assert main(["report", str(tmp_path / "nope")]) == 2
+    assert "run directory not found" in capsys.readouterr().err
 
 
 def test_run_with_termination_and_requirements(tmp_path: Path) -> None:

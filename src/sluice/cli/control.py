@@ -144,6 +144,8 @@ def _report(args: argparse.Namespace) -> int:
     from sluice.control import TrainingReport, threegpp
 
     path = Path(args.run_dir) / "report.json"
+    if not Path(args.run_dir).is_dir():
+        raise DataError(f"run directory not found: {args.run_dir}")
     if not path.is_file():
         raise DataError(f"no report.json in {args.run_dir} (the run has not finished)")
     try:

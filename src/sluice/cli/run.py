@@ -15,9 +15,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "run",
         help="train across simulated clients (horizontal FL)",
-        description="Horizontal FL with rand-k uploads, server top-k with error feedback and per-client "
-        "sparse downlink. With no config it runs the built-in default (digits, 20 clients, "
-        "Dirichlet 0.3, q=0.25, 150 rounds). Dense FedAvg baseline: "
+        description="Horizontal FL with unbiased sampled uploads (2 % of the coordinates as signs), server top-k "
+        "with error feedback and a per-client sparse downlink, on the job's task ([task]: a built-in or your "
+        "own factory). With no config it runs the built-in default (digits, 20 clients, Dirichlet 0.3, "
+        "q=0.25, 150 rounds). Dense FedAvg baseline: "
         "--set compression.up=dense --set compression.down=dense",
     )
     add_config_arguments(p, out_default="runs/run-<timestamp>", example="train.rounds=50")
