@@ -194,3 +194,28 @@ def test_layers_of_any_module_and_training_only_the_last() -> None:
     head = 64 * 3 + 3
     assert eng.params[:-head].tobytes() == eng.theta0[:-head].tobytes()
     assert not np.array_equal(eng.params[-head:], eng.theta0[-head:])
+
+
+class Tied(nn.Module):
+    """An output layer that shares the embedding's weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(12, 6)
+        self.mix = nn.Linear(6, 6)
+        self.out = nn.Linear(6, 12, bias=False)
+        self.out.weight = self.embed.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.mix(self.embed(x).mean(1))))
+
+
+def test_layers_requirement_refuses_tied_weights_it_cannot_freeze() -> None:
+    tied = sluice.Task(model=Tied, train=[_tokens(24, c) for c in range(2)], test=_tokens(16, 9), name="tied")
+    eng = HFLEngine(load_config(None, [], HFLConfig), tied)
+    assert eng.num_layers == 3  # embedding, mix, and the output layer that shares the embedding's weights
+    for last in (1, 2):  # the output layer's weights are the first layer's: it cannot train while that is frozen
+        with pytest.raises(ConfigError, match="tied weights"):
+            eng.set_trainable_layers(last)
+    eng.set_trainable_layers(3)
+    eng.iterate()

@@ -82,15 +82,19 @@ def set_buffers(model: nn.Module, vec: np.ndarray) -> None:
     _write(_float_buffers(model), vec, "buffer")
 
 
-def layers(model: nn.Module) -> list[list[nn.Parameter]]:
+def layer_modules(model: nn.Module) -> list[nn.Module]:
     """The model's layers: every submodule that holds parameters itself (a convolution, a linear layer, a
-    BatchNorm, an embedding, an LSTM...), in registration order, with those parameters. A parameter shared by
-    two submodules belongs to the first."""
+    BatchNorm, an embedding, an LSTM...), in registration order."""
+    return [m for m in model.modules() if any(True for _ in m.parameters(recurse=False))]
+
+
+def layers(model: nn.Module) -> list[list[nn.Parameter]]:
+    """The parameters of each of :func:`layer_modules`; a parameter shared by two layers (tied weights) is
+    listed with the first only, so a layer may list none."""
     seen: set[int] = set()
     out = []
-    for module in model.modules():
+    for module in layer_modules(model):
         own = [p for p in module.parameters(recurse=False) if id(p) not in seen]
         seen.update(id(p) for p in own)
-        if own:
-            out.append(own)
+        out.append(own)
     return out
