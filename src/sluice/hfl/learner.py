@@ -20,7 +20,7 @@ from torch.utils.data import Dataset
 from sluice.errors import ConfigError
 from sluice.models import get_buffers, get_flat, layers, num_buffers, output_layer, set_buffers, set_flat
 from sluice.models.device import resolve_device
-from sluice.models.flat import layer_modules
+from sluice.models.flat import tied_to_frozen
 from sluice.tasks.task import Task, batch, build_model, check_task, predict, task_metrics, to_device
 
 
@@ -63,9 +63,7 @@ class Learner:
         if isinstance(trainable, bool) or not isinstance(trainable, numbers.Integral) or not 1 <= trainable <= n:
             raise ConfigError(f"layers to train must be in 1..{n} (the layers of task {self.task.name!r} that hold "
                               f"parameters), got {trainable!r}")
-        frozen = {id(p) for group in self.layers[: n - trainable] for p in group}
-        tied = [type(m).__name__ for m in layer_modules(self.model)[n - trainable:]
-                if any(id(p) in frozen for p in m.parameters(recurse=False))]
+        tied = tied_to_frozen(self.model, trainable)
         if tied:
             raise ConfigError(f"task {self.task.name!r}: the last {trainable} layers share parameters with earlier "
                               f"layers ({', '.join(tied)}: tied weights), so they cannot be trained alone; train "

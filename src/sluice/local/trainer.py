@@ -35,6 +35,7 @@ from sluice.hfl.state import field, pack, unpack
 from sluice.metrics import MetricSpec
 from sluice.models import get_flat, layers, mlp, set_flat
 from sluice.models.device import resolve_device
+from sluice.models.flat import tied_to_frozen
 from sluice.models.state import load_module_tree, load_optimizer_tree, module_tree, optimizer_tree
 from sluice.tasks.task import (
     Task,
@@ -176,6 +177,10 @@ class LocalTrainer(Suspendable):
         total = self.num_layers
         if isinstance(n, bool) or not isinstance(n, numbers.Integral) or not 1 <= n <= total:
             raise ConfigError(f"layers to train must be in 1..{total}, got {n!r}")
+        tied = tied_to_frozen(self.model, int(n))
+        if tied:
+            raise ConfigError(f"the last {n} layers share parameters with earlier layers ({', '.join(tied)}: tied "
+                              "weights), so they cannot be trained alone; train more layers or all")
         self._trainable = int(n)
         self._apply_trainable()
 

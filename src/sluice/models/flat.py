@@ -98,3 +98,12 @@ def layers(model: nn.Module) -> list[list[nn.Parameter]]:
         seen.update(id(p) for p in own)
         out.append(own)
     return out
+
+
+def tied_to_frozen(model: nn.Module, trainable: int) -> list[str]:
+    """The last ``trainable`` layers (:func:`layer_modules`) that share a parameter with an earlier layer: those
+    cannot be trained while the earlier ones stay frozen (named by their class)."""
+    mods = layer_modules(model)
+    frozen = {id(p) for m in mods[: len(mods) - trainable] for p in m.parameters(recurse=False)}
+    return [type(m).__name__ for m in mods[len(mods) - trainable:]
+            if any(id(p) in frozen for p in m.parameters(recurse=False))]
