@@ -136,3 +136,10 @@ def test_ctrl_c_ends_with_a_cancelled_report(tmp_path: Path) -> None:
     assert report["model_path"] == str(out / "model.pt") and (out / "model.pt").is_file()
     assert json.loads((out / "status.json").read_text())["status"] == "CANCELLED"
     assert len((out / "metrics.jsonl").read_text().splitlines()) == report["iterations"]
+
+
+def test_the_banner_of_a_dense_run_shows_no_ratios(tmp_path: Path, capsys) -> None:
+    assert main(["run", "--set", "train.rounds=1", "--set", "compression.up=dense", "--set", "compression.down=dense",
+                 "--out", str(tmp_path / "dense")]) == 0
+    banner = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("sluice run:"))
+    assert "up=dense down=dense" in banner and "0.02" not in banner

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from sluice.cli.common import add_config_arguments, run_job
 
@@ -68,10 +69,11 @@ def _describe(engine: Any) -> str:
     split = "the task's own" if task.per_client else cfg.data.partition or task.partition.method
     if task.model_type is not None:
         split += f", {task.model_type}"
-    return (f"[bold]sluice run[/]: {task.name}, {len(engine.data.clients)} clients ({split}), "
-            f"q={cfg.train.participation}, d={engine.num_params}; up={c.up}({c.up_ratio}) "
-            f"down={c.down}({c.down_ratio if c.down_ratio is not None else f'{c.down_budget}·M/N'}) "
-            f"downlink={c.downlink}")
+    up = "dense" if c.up == "dense" else f"{c.up}({c.up_ratio})"
+    share = c.down_ratio if c.down_ratio is not None else f"{c.down_budget}·M/N"
+    down = "dense" if c.down == "dense" else f"{c.down}({share})"
+    return (f"[bold]sluice run[/]: {escape(task.name)}, {len(engine.data.clients)} clients ({split}), "
+            f"q={cfg.train.participation}, d={engine.num_params}; up={up} down={down} downlink={c.downlink}")
 
 
 def _main(args: argparse.Namespace) -> int:
