@@ -30,6 +30,7 @@ Estimators (``x`` in R^d, ``k`` kept coordinates):
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
@@ -185,12 +186,63 @@ def decode_to_dense(buf: bytes, d: int | None = None) -> np.ndarray:
     return to_dense(decode(buf), d)
 
 
+def add_estimate(g: Any, estimate: Any, coef: float) -> None:
+    """``g += coef * estimate`` in place. ``g``: a float64 numpy array, or a tensor on any device (only a sparse
+    payload's ``k`` entries travel to it); ``estimate``: a payload (:func:`decode_estimate`) or a dense vector.
+    A sparse payload with explicit indices adds ``coef * (scale * value)`` at its indices only, which is what
+    adding ``coef *`` :func:`to_dense` would add there."""
+    put = dev.put(g) if (dev := _on_device(g)) else np.asarray
+    if isinstance(estimate, PatchChain):
+        for part in estimate.parts:
+            add_estimate(g, part, coef)
+    elif isinstance(estimate, SparsePayload) and estimate.indices is not None:
+        vals = float_values(estimate).astype(np.float64) * estimate.scale
+        g[put(estimate.indices.astype(np.int64))] += put(coef * vals)
+    else:
+        g += put(coef * (estimate if isinstance(estimate, np.ndarray) else to_dense(estimate)))
+
+
+def _dense_like(payload: Payload, like: Any) -> Any:
+    """:func:`to_dense` of ``payload`` as a float64 tensor on the device of the tensor ``like``."""
+    out = like.new_zeros(like.shape[0], dtype=like.dtype)
+    add_estimate(out, payload, 1.0)
+    return out
+
+
+def decode_estimate(buf: bytes, d: int) -> Payload:
+    """``decode(buf)`` checked to be what :func:`to_dense` turns into an estimate of a ``d``-vector (the
+    same :class:`WireError` otherwise), kept as a payload so that its receiver adds only its entries."""
+    payload = decode(buf)
+    parts = payload.parts if isinstance(payload, PatchChain) else (payload,)
+    if not parts or not all(isinstance(p, DensePayload | SparsePayload | SketchPayload) for p in parts):
+        raise WireError(f"to_dense expects a Dense/Sparse/Sketch payload, got {type(payload).__name__}")
+    if parts[0].d != d:
+        raise WireError(f"payload describes a vector of length {parts[0].d}, expected {d}")
+    return payload
+
+
 # ------------------------------------------------------------------------------------------------ stages
+def _is_tensor(x: Any) -> bool:
+    """Whether ``x`` is a torch tensor (without importing torch where nothing has)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _on_device(x: Any) -> Any:
+    """:mod:`sluice.compress.device` when ``x`` is a tensor (imported then), else None."""
+    if not _is_tensor(x):
+        return None
+    from sluice.compress import device
+
+    return device
+
+
 def _vector(inp: Any) -> np.ndarray:
-    """A 1-D vector from a stage input: the array itself, or the estimate a payload stands for."""
+    """A 1-D vector from a stage input: the array itself (a tensor's copy on the CPU), or the estimate a payload
+    stands for."""
     if isinstance(inp, DensePayload | SparsePayload | SketchPayload):
         return to_dense(inp)
-    arr = np.asarray(inp)
+    arr = inp.detach().cpu().numpy() if _is_tensor(inp) else np.asarray(inp)
     if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.floating):
         raise WireError(f"a compressor expects a 1-D float vector, got {arr.dtype} of shape {arr.shape}")
     return arr
@@ -254,6 +306,9 @@ def topk(ratio: float) -> Stage:
     ratio = _check_ratio("top-k", ratio)
 
     def update(inp: Any, state: Any, rng: np.random.Generator) -> tuple[SparsePayload, Any]:
+        if dev := _on_device(inp):  # on the tensor's device; the k kept entries come to the CPU
+            idx, values = dev.topk(inp, _k_of(ratio, inp.shape[0]))
+            return SparsePayload(d=inp.shape[0], values=_wire_values(values), indices=idx), state
         x = _vector(inp)
         idx = topk_indices(x, _k_of(ratio, x.shape[0]))
         idx = idx[x[idx] != 0]
@@ -304,11 +359,15 @@ def sample(ratio: float) -> Stage:
 
     Unlike top-k it needs no residual of what was left out, which is what keeps it sound when a client
     takes part rarely: a top-k client's residual waits, growing stale, until its next participation,
-    while a sample's leftovers reach the server in expectation at once. The keep draws come from ``rng``.
+    while a sample's leftovers reach the server in expectation at once. The keep draws come from ``rng`` (for a
+    tensor, from a generator on its device seeded from ``rng``: :mod:`sluice.compress.device`).
     """
     ratio = _check_ratio("sample", ratio)
 
     def update(inp: Any, state: Any, rng: np.random.Generator) -> tuple[SparsePayload, Any]:
+        if dev := _on_device(inp):
+            idx, values = dev.sample(inp, _k_of(ratio, inp.shape[0]), _new_seed(rng))
+            return SparsePayload(d=inp.shape[0], values=_wire_values(values), indices=idx), state
         x = _vector(inp)
         p = keep_probabilities(x, _k_of(ratio, x.shape[0]))
         idx = np.flatnonzero(rng.random(x.shape[0]) < p)
@@ -491,7 +550,8 @@ def cast(dtype: ValueType) -> Stage:
 def error_feedback(main: Stage, values: Stage, *, biased: bool) -> Stage:
     """Compress with ``main`` then ``values`` (the value rounding), keeping what did not travel.
 
-    State: the residual ``e`` (float64) and the inner stages' states. Each call compresses ``x + e``.
+    State: the residual ``e`` (float64; a tensor on the device of ``x`` when ``x`` is one) and the inner
+    stages' states. Each call compresses ``x + e``.
     For a biased ``main`` (top-k) the new residual is everything the receiver's estimate lacks,
     ``e = (x + e) − x̂``: the coordinates left out and the rounding of those sent (error feedback as in
     EF-SGD, Karimireddy et al. 2019; DGC keeps it at the client the same way). For an unbiased ``main``
@@ -505,6 +565,12 @@ def error_feedback(main: Stage, values: Stage, *, biased: bool) -> Stage:
 
     def update(inp: Any, state: tuple[np.ndarray, Any, Any], rng: np.random.Generator) -> tuple[Any, Any]:
         residual, s_main, s_values = state
+        if dev := _on_device(inp):
+            x = dev.plus(inp, residual)
+            picked, s_main = main.update(x, s_main, rng)
+            out, s_values = values.update(picked, s_values, rng)
+            residual = (x if biased else _dense_like(picked, x)) - _dense_like(out, x)
+            return out, (residual, s_main, s_values)
         x = _vector(inp).astype(np.float64) + residual
         picked, s_main = main.update(x, s_main, rng)
         out, s_values = values.update(picked, s_values, rng)
@@ -549,7 +615,9 @@ class Compressor:
     """A client's uplink compressor: a stage chain whose output is encoded to bytes.
 
     ``state = c.init(d)``; ``buf, state = c.encode(x, state, rng)``; the server calls
-    :func:`decode_to_dense` ``(buf)``. ``len(buf)`` is the uplink cost of the message, header included.
+    :func:`decode_to_dense` ``(buf)``. ``len(buf)`` is the uplink cost of the message, header included. ``x``
+    may be a torch tensor on a GPU: top-k, sample and error feedback then compute there
+    (:mod:`sluice.compress.device`), the other stages on its copy on the CPU.
     """
 
     def __init__(self, stage: Stage, *, name: str = "custom") -> None:
@@ -570,8 +638,8 @@ class Compressor:
     ) -> tuple[bytes, tuple[int, Any]]:
         """Compress ``vec`` and return the wire message and the new state."""
         d, inner = state
-        x = np.asarray(vec)
-        if x.shape != (d,):
+        x = vec if _is_tensor(vec) else np.asarray(vec)
+        if tuple(x.shape) != (d,):
             raise ValueError(f"compressor was initialised for d={d}, got a vector of shape {x.shape}")
         out, inner = self.stage.update(x, inner, rng)
         if not isinstance(out, bytes):

@@ -12,10 +12,13 @@ id ``c``): the batch order from ``s·1000003 + t·1009 + c`` and the compressor'
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from torch.utils.data import Dataset
 
 from sluice.compress import make_uplink
+from sluice.compress.device import to_host
 from sluice.errors import WireError
 from sluice.hfl.config import HFLConfig
 from sluice.hfl.downlink import apply_downlink
@@ -35,6 +38,8 @@ class Client:
     """
 
     carries_buffers = True
+    updates_on_device = True
+    """Δ stays on the learner's GPU for the uplink compressor (:mod:`sluice.compress.device`)."""
 
     def __init__(self, cfg: HFLConfig, client_id: int, learner: Learner) -> None:
         self.cfg = cfg
@@ -97,13 +102,15 @@ class Client:
         buf, self.uplink_state = uplink.encode(delta, state, rng)
         return with_buffers(buf, self._trained_buffers)
 
-    def local_update(self, held: np.ndarray, data: Dataset, round: int) -> np.ndarray:
-        """Train from the model ``held`` on ``data`` in round ``round``; return the update Δ (float64) and keep
-        the mean training loss in :attr:`train_loss`. The batch order is seeded by ``s·1000003 + t·1009 + c``."""
+    def local_update(self, held: np.ndarray, data: Dataset, round: int) -> Any:
+        """Train from the model ``held`` on ``data`` in round ``round``; return the update Δ (float64: numpy, or a
+        tensor left on the learner's GPU for the compressor) and keep the mean training loss in
+        :attr:`train_loss`. The batch order is seeded by ``s·1000003 + t·1009 + c``."""
         cfg, tr = self.cfg, self.cfg.train
         delta, self.train_loss, self._trained_buffers = self.learner.fit(
             held, self.buffers, data, epochs=tr.local_epochs, batch_size=tr.batch_size, lr=tr.lr,
-            seed=cfg.seed * 1_000_003 + round * 1009 + self.client_id, trainable=self.trainable_layers)
+            seed=cfg.seed * 1_000_003 + round * 1009 + self.client_id, trainable=self.trainable_layers,
+            on_device=self.updates_on_device and self.learner.device.type != "cpu")
         return delta
 
     # -- state as bytes -----------------------------------------------------------------------
@@ -113,7 +120,7 @@ class Client:
         return pack({"kind": "client", "client_id": self.client_id, "buffers": self.buffers,
                      "held": self._held, "anchor": self._anchor,
                      "velocity": self._velocity, "anchor_velocity": self._anchor_velocity,
-                     "uplink": self.uplink_state, "trainable_layers": self.trainable_layers,
+                     "uplink": to_host(self.uplink_state), "trainable_layers": self.trainable_layers,
                      "train_loss": self.train_loss})
 
     @classmethod

@@ -7,17 +7,24 @@ mean training loss and the buffers after training; batches are shuffled with a `
 by the caller, so the same seed gives the same update on every runtime. ``trainable = l`` trains only the
 last ``l`` layers (:func:`sluice.models.layers`): the others get no gradient and their coordinates of Δ
 are exactly zero; their buffers still follow the batches, as a BatchNorm in training mode does.
+
+On a GPU, with the default optimizer and a tensor dataset (kept on the device by :meth:`Learner.check`), every
+full batch is one replay of a step captured as a CUDA graph (:mod:`sluice.hfl.graph_step`); a last, smaller
+batch runs eagerly. Δ can stay on the device (``on_device``) for the compressors
+(:mod:`sluice.compress.device`).
 """
 
 from __future__ import annotations
 
 import numbers
+from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, TensorDataset
 
 from sluice.errors import ConfigError
+from sluice.hfl.graph_step import GraphStep, capture
 from sluice.models import get_buffers, get_flat, layers, num_buffers, output_layer, set_buffers, set_flat
 from sluice.models.device import resolve_device
 from sluice.models.flat import tied_to_frozen
@@ -36,6 +43,8 @@ class Learner:
         self.num_buffers = num_buffers(self.model)
         self.loss = task.loss_fn()
         self.layers = layers(self.model)
+        self.cuda_graphs = True
+        self._graphs: dict[tuple, GraphStep | None] = {}
 
     @property
     def d(self) -> int:
@@ -87,30 +96,60 @@ class Learner:
             set_buffers(self.model, self.buffers0 if buffers is None else buffers)
 
     def fit(self, params: np.ndarray, buffers: np.ndarray | None, data: Dataset, *, epochs: int, batch_size: int,
-            lr: float, seed: int, trainable: int | None = None) -> tuple[np.ndarray, float, np.ndarray | None]:
-        """Train from ``params`` (and ``buffers``) on ``data``; return ``(Δ, mean loss, buffers after)``."""
+            lr: float, seed: int, trainable: int | None = None,
+            on_device: bool = False) -> tuple[Any, float, np.ndarray | None]:
+        """Train from ``params`` (and ``buffers``) on ``data``; return ``(Δ, mean loss, buffers after)``, Δ a
+        float64 numpy vector, or with ``on_device`` a float64 tensor left on the device."""
+        train = self._trainable_params(trainable)
+        n = len(data)
+        graph = self._graph(train, lr, data, batch_size) if n >= batch_size else None
         self.load(params, buffers)
-        start = get_flat(self.model).astype(np.float64)
+        start = self._flat()
         model = self.model
         model.train()
         gen = torch.Generator().manual_seed(seed)
-        opt = self.task.make_optimizer(self._trainable_params(trainable), lr, fused=self.device.type == "cuda")
-        n = len(data)
+        opt = self.task.make_optimizer(train, lr, fused=self.device.type == "cuda")
+        order = torch.cat([torch.randperm(n, generator=gen) for _ in range(epochs)])
+        if isinstance(data, TensorDataset):  # the whole order in one copy, not one per batch
+            order = order.to(data.tensors[0].device)
         total = torch.zeros((), dtype=torch.float64, device=self.device)
-        count = 0
-        for _ in range(epochs):
-            order = torch.randperm(n, generator=gen)
+        if graph is not None:
+            graph.total.zero_()
+        for e in range(epochs):
             for s in range(0, n, batch_size):
-                x, y = batch(data, order[s : s + batch_size])
+                idx = order[e * n + s : e * n + min(s + batch_size, n)]
+                if graph is not None and idx.shape[0] == batch_size:
+                    graph.step(*data.tensors, idx)
+                    continue
+                x, y = batch(data, idx)
                 x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
                 opt.zero_grad(set_to_none=True)
                 loss = self.loss(model(x), y)
                 loss.backward()
                 opt.step()
                 total += loss.detach().double() * len(y)
-                count += len(y)
-        delta = get_flat(model).astype(np.float64) - start
-        return delta, float(total) / max(count, 1), get_buffers(model) if self.num_buffers else None
+        if graph is not None:
+            total += graph.total
+        delta = self._flat() - start
+        mean = float(total) / max(epochs * n, 1)
+        return (delta if on_device else delta.cpu().numpy()), mean, get_buffers(model) if self.num_buffers else None
+
+    def _flat(self) -> torch.Tensor:
+        """θ of the scratch module as float64 on its device (what :func:`get_flat` reads, widened)."""
+        return torch.cat([p.detach().reshape(-1).double() for p in self.model.parameters()])
+
+    def _graph(self, train: list[torch.nn.Parameter], lr: float, data: Dataset, batch_size: int) -> GraphStep | None:
+        """The captured step (:mod:`sluice.hfl.graph_step`) for these settings, when the learner uses CUDA graphs
+        (on a GPU, the default optimizer, a tensor dataset on the device); None otherwise."""
+        if not (self.cuda_graphs and self.device.type == "cuda" and self.task.optimizer is None
+                and isinstance(data, TensorDataset) and data.tensors[0].device == self.device):
+            return None
+        x, y = data.tensors
+        key = (tuple(id(p) for p in train), float(lr), batch_size, x.shape[1:], x.dtype, y.shape[1:], y.dtype)
+        if key not in self._graphs:
+            idx = torch.arange(batch_size, device=self.device)
+            self._graphs[key] = capture(self.model.train(), self.loss, train, lr, x[idx], y[idx], self.task.name)
+        return self._graphs[key]
 
     def evaluate(self, params: np.ndarray, buffers: np.ndarray | None, test: Dataset) -> dict[str, float]:
         """Test metrics of the flat model on ``test`` (:func:`sluice.tasks.task.task_metrics`)."""

@@ -483,6 +483,7 @@ class _PeerClient(Client):
 
     STATE_KIND: ClassVar[str] = "peer-client"
     carries_buffers = False
+    updates_on_device = False  # the peers compress with numpy
 
     @property
     def d(self) -> int:

@@ -90,11 +90,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
-from sluice.compress import decode_to_dense, topk_indices, value_type
-from sluice.compress.codecs import QUANTIZERS, VALUE_TYPES, ValueType
+from sluice.compress import topk_indices, value_type
+from sluice.compress.codecs import (
+    QUANTIZERS,
+    VALUE_TYPES,
+    ValueType,
+    add_estimate,
+    decode_estimate,
+    to_dense,
+)
 from sluice.errors import ConfigError, DataError, TrainingError, WireError
 from sluice.hfl.config import HFLConfig
 from sluice.hfl.downlink import Downlink
@@ -144,15 +152,31 @@ def init_server(params: np.ndarray) -> ServerState:
     )
 
 
-def aggregate(estimates: list[np.ndarray], weights: list[float], d: int) -> np.ndarray:
-    """Weighted average of update estimates; zeros when nothing arrived."""
-    g = np.zeros(d, dtype=np.float64)
+def aggregate(estimates: list[Any], weights: list[float], d: int, device: Any = None) -> np.ndarray:
+    """Weighted average of update estimates (dense vectors, or decoded uploads whose entries alone are added:
+    :func:`~sluice.compress.codecs.add_estimate`); zeros when nothing arrived. With a torch ``device`` the sum
+    is made there (a GPU's), then returned as numpy."""
+    if device is None:
+        g = np.zeros(d, dtype=np.float64)
+    else:
+        import torch
+
+        g = torch.zeros(d, dtype=torch.float64, device=device)
     total = float(sum(weights))
-    if total <= 0:
-        return g
-    for est, w in zip(estimates, weights, strict=True):
-        g += (w / total) * est
-    return g
+    if total > 0:
+        for est, w in zip(estimates, weights, strict=True):
+            add_estimate(g, est, w / total)
+    return g if device is None else g.cpu().numpy()
+
+
+def aggregation_device(spec: str) -> Any:
+    """The torch device a server with ``train.device = spec`` aggregates on: None (numpy) for the CPU."""
+    if spec == "cpu":
+        return None
+    from sluice.models.device import resolve_device
+
+    device = resolve_device(spec)
+    return None if device.type == "cpu" else device
 
 
 def _counts(seen: np.ndarray, signs: np.ndarray) -> tuple[int, int]:
@@ -329,7 +353,7 @@ class UploadInbox:
     :meth:`_decode_upload`. The subclass sets ``num_clients`` and ``_uploads`` and has a ``round``."""
 
     num_clients: int
-    _uploads: dict[int, tuple[np.ndarray, float]]
+    _uploads: dict[int, tuple[Any, float]]
     round: int
     buffers: np.ndarray | None = None
     _buffer_uploads: dict[int, np.ndarray]
@@ -394,12 +418,13 @@ class Server(UploadInbox):
                  buffers: np.ndarray | None = None) -> None:
         c = cfg.compression
         self.cfg = cfg
+        self.device = aggregation_device(cfg.train.device)
         self.num_clients = int(num_clients)
         self.state = init_server(np.asarray(params))
         self.d = self.state.params.shape[0]
         self.replay = replayed_from(cfg, self.d, output_layer)
         self.downlink = Downlink(self.d, c.downlink, c.anchor_every, num_clients=self.num_clients, replay=self.replay)
-        self._uploads: dict[int, tuple[np.ndarray, float]] = {}
+        self._uploads: dict[int, tuple[Any, float]] = {}
         self.buffers = None if buffers is None or buffers.size == 0 else np.asarray(buffers, dtype=np.float32)
         self._buffer_uploads: dict[int, np.ndarray] = {}
 
@@ -427,8 +452,8 @@ class Server(UploadInbox):
         """The replayed velocity (float32), or None without replay."""
         return None if self.replay is None else self.state.momentum[self.replay:].astype(np.float32)
 
-    def _decode_upload(self, upload: bytes) -> np.ndarray:
-        return decode_to_dense(upload, self.d)
+    def _decode_upload(self, upload: bytes) -> Any:
+        return decode_estimate(upload, self.d)
 
     def close_round(self) -> bytes | None:
         """Aggregate, apply top-k with error feedback, record the step for the downlink; return the anchor
@@ -437,7 +462,8 @@ class Server(UploadInbox):
         self._average_buffers()
         if self._uploads:
             ids = sorted(self._uploads)
-            g = aggregate([self._uploads[i][0] for i in ids], [self._uploads[i][1] for i in ids], self.d)
+            g = aggregate([self._uploads[i][0] for i in ids], [self._uploads[i][1] for i in ids], self.d,
+                          self.device)
             dense_down = c.down == "dense"
             self.state, step, replayed = server_round(
                 self.state, g, ratio=1.0 if dense_down else c.down_share(len(ids), self.num_clients), rho=c.momentum,
@@ -463,7 +489,8 @@ class Server(UploadInbox):
                      "last_idx": s.last_idx, "last_sign": s.last_sign, "evidence": list(s.evidence),
                      "replay_gain": s.replay_gain, "buffers": self.buffers,
                      "downlink": self.downlink.to_tree(),
-                     "uploads": [[i, est, w] for i, (est, w) in sorted(self._uploads.items())],
+                     "uploads": [[i, est if isinstance(est, np.ndarray) else to_dense(est, self.d), w]
+                                 for i, (est, w) in sorted(self._uploads.items())],
                      "buffer_uploads": [[i, b] for i, b in sorted(self._buffer_uploads.items())]})
 
     @classmethod
