@@ -430,7 +430,7 @@ def test_dense_server_and_saved_state_keep_the_gain() -> None:
     assert np.array_equal(copy.state.last_idx, server.state.last_idx)
     assert np.array_equal(copy.state.last_sign, server.state.last_sign)
     from sluice.errors import WireError
-    from sluice.hfl.state import pack, unpack
+    from sluice.wire.state import pack, unpack
 
     server.state = replace(server.state, evidence=(5, 6, 2))  # pooled counts of rounds that heard few
     assert Server.from_state_bytes(cfg, server.state_bytes()).state.evidence == (5, 6, 2)

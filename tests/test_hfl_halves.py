@@ -15,8 +15,8 @@ from sluice.errors import DataError, WireError
 from sluice.hfl import Client, HFLEngine, Server
 from sluice.hfl.config import HFLConfig
 from sluice.hfl.learner import Learner
-from sluice.hfl.state import pack, unpack
 from sluice.tasks import client_datasets, load_task
+from sluice.wire.state import pack, unpack
 
 BASE = ["data.num_clients=6", "model.hidden=[16]", "train.local_epochs=1"]
 CONFIGS = {

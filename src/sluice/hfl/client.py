@@ -23,8 +23,8 @@ from sluice.errors import WireError
 from sluice.hfl.config import HFLConfig
 from sluice.hfl.downlink import apply_downlink
 from sluice.hfl.learner import Learner
-from sluice.hfl.state import field, pack, unpack
 from sluice.wire.buffers import split_buffers, with_buffers
+from sluice.wire.state import field, pack, unpack
 
 
 class Client:

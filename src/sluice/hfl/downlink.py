@@ -37,7 +37,7 @@ from __future__ import annotations
 import numpy as np
 
 from sluice.errors import ConfigError, WireError
-from sluice.hfl.state import field
+from sluice.wire.state import field
 from sluice.wire.vector import (
     DensePayload,
     PatchChain,
@@ -131,7 +131,7 @@ class Downlink:
         return self._encode(params, base)
 
     def to_tree(self) -> dict:
-        """What the downlink carries between rounds, as a state tree (:mod:`sluice.hfl.state`)."""
+        """What the downlink carries between rounds, as a state tree (:mod:`sluice.wire.state`)."""
         return {"kind": "downlink", "d": self.d, "mode": self.mode, "anchor_every": self.anchor_every,
                 "num_clients": self.num_clients, "stamp": self.stamp, "round": self.round,
                 "anchor_round": self.anchor_round, "synced": [[c, r] for c, r in self.synced.items()],

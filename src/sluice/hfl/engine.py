@@ -32,12 +32,12 @@ from sluice.hfl.client import Client
 from sluice.hfl.config import HFLConfig
 from sluice.hfl.learner import Learner
 from sluice.hfl.server import Server
-from sluice.hfl.state import field, pack, unpack
 from sluice.metrics import MetricSpec
 from sluice.models import num_params
 from sluice.tasks import Task, client_datasets, load_task
 from sluice.tasks.resolve import Federation
 from sluice.tasks.task import batch, sample_shape
+from sluice.wire.state import field, pack, unpack
 
 
 class ServerModel:

@@ -91,8 +91,8 @@ from sluice.hfl.client import Client
 from sluice.hfl.config import HFLConfig
 from sluice.hfl.learner import Learner
 from sluice.hfl.server import Server, UploadInbox
-from sluice.hfl.state import field, pack, unpack
 from sluice.wire.frame import KIND_RAW, check_header, frame, read_varint, unframe, varint
+from sluice.wire.state import field, pack, unpack
 from sluice.wire.vector import DensePayload, SketchPayload, SparsePayload, _rice_decode, _rice_encode, decode, encode
 
 __all__ = [
@@ -460,7 +460,7 @@ class _PeerServer(UploadInbox):
         pass
 
     def state_bytes(self) -> bytes:
-        """The model, round, open uploads and the method's own state as bytes (:mod:`sluice.hfl.state`)."""
+        """The model, round, open uploads and the method's own state as bytes (:mod:`sluice.wire.state`)."""
         return pack({"kind": self.STATE_KIND, "num_clients": self.num_clients, "params": self._params,
                      "round": self._round, "uploads": [[i, e, w] for i, (e, w) in sorted(self._uploads.items())],
                      **self._extra()})

@@ -106,9 +106,9 @@ from sluice.compress.codecs import (
 from sluice.errors import ConfigError, DataError, TrainingError, WireError
 from sluice.hfl.config import HFLConfig
 from sluice.hfl.downlink import Downlink
-from sluice.hfl.state import field, pack, unpack
 from sluice.wire import dtypes
 from sluice.wire.buffers import split_buffers, with_buffers
+from sluice.wire.state import field, pack, unpack
 from sluice.wire.vector import SparsePayload, float_values, replay_block
 
 GAIN_BOUNDS = (1.0, 10.0)
@@ -481,7 +481,7 @@ class Server(UploadInbox):
     # -- state as bytes -----------------------------------------------------------------------
     def state_bytes(self) -> bytes:
         """Everything the server carries (model, residual, momentum, round, downlink bookkeeping and the
-        uploads of an open round) as bytes (:mod:`sluice.hfl.state`)."""
+        uploads of an open round) as bytes (:mod:`sluice.wire.state`)."""
         s = self.state
         return pack({"kind": "server", "num_clients": self.num_clients, "params": s.params,
                      "output_layer": 0 if self.replay is None else self.d - self.replay,

@@ -31,7 +31,6 @@ from torch.utils.data import TensorDataset
 
 from sluice.engine import IterationEvent, Suspendable
 from sluice.errors import ConfigError, DataError, TrainingError
-from sluice.hfl.state import field, pack, unpack
 from sluice.metrics import MetricSpec
 from sluice.models import get_flat, layers, mlp, set_flat
 from sluice.models.device import resolve_device
@@ -49,6 +48,7 @@ from sluice.tasks.task import (
     task_metrics,
     to_device,
 )
+from sluice.wire.state import field, pack, unpack
 
 MetricFn = Callable[[np.ndarray, np.ndarray], float]
 
@@ -313,7 +313,7 @@ class LocalTrainer(Suspendable):
 
     # ------------------------------------------------------------------ checkpoint
     def checkpoint(self) -> bytes:
-        """The whole training state as bytes (:func:`sluice.hfl.state.pack`): the weights, the optimizer's
+        """The whole training state as bytes (:func:`sluice.wire.state.pack`): the weights, the optimizer's
         state (momentum buffers), the iteration count (which seeds the next shuffles), the samples added by
         :meth:`add_data` and the settings (:meth:`limit_samples`, :meth:`set_min_samples`,
         :meth:`set_trainable_layers`). The task's own data comes from the task."""

@@ -1,4 +1,4 @@
-"""A module's weights and an optimizer's state as plain trees, for checkpoints (:mod:`sluice.hfl.state`).
+"""A module's weights and an optimizer's state as plain trees, for checkpoints (:mod:`sluice.wire.state`).
 
 ``module_tree(m)`` maps each ``state_dict`` entry to a numpy copy; ``optimizer_tree(opt)`` holds the
 optimizer's per-parameter state (SGD momentum buffers, Adam moments and step counts: every tensor as a

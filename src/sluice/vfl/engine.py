@@ -348,13 +348,13 @@ class SplitEngine:
 
     # -- checkpoints ---------------------------------------------------------------------------------
     def checkpoint(self) -> bytes:
-        """Every party's weights and optimizer state and the next step (:func:`sluice.hfl.state.pack`).
+        """Every party's weights and optimizer state and the next step (:func:`sluice.wire.state.pack`).
 
         Taken between steps: the followers' reports of the last step have arrived, so their optimizer step
         is done, and nothing of the next step can change a weight before the leader runs it. Each follower
         sends its own state over its link (``checkpoint_req``), wherever it runs."""
-        from sluice.hfl.state import pack
         from sluice.models.state import module_tree, optimizer_tree
+        from sluice.wire.state import pack
 
         leader = self.leader
         if leader is None or not leader.started:
@@ -370,7 +370,7 @@ class SplitEngine:
         """Go on from a :meth:`checkpoint` of an engine with the same configuration: the parties negotiate
         the same task again, each loads its state before it starts (followers get theirs over their link:
         ``restore``), and the steps that follow are those the checkpointed engine would have run."""
-        from sluice.hfl.state import field, unpack
+        from sluice.wire.state import field, unpack
 
         if self.leader is not None:
             raise TrainingError("a checkpoint is restored before the engine starts")

@@ -172,9 +172,9 @@ class Follower(Worker):
         super()._on_control(peer, msg, size, arrived)
 
     def state_bytes(self) -> bytes:
-        """This party's weights and optimizer state (:func:`sluice.hfl.state.pack`)."""
-        from sluice.hfl.state import pack
+        """This party's weights and optimizer state (:func:`sluice.wire.state.pack`)."""
         from sluice.models.state import module_tree, optimizer_tree
+        from sluice.wire.state import pack
 
         assert self.model is not None
         return pack({"kind": "split-party", "part": self.proposal["part"], "model": module_tree(self.model),
@@ -183,8 +183,8 @@ class Follower(Worker):
     def load_state(self, buf: bytes) -> None:
         """Load what :meth:`state_bytes` of the same part gave; :class:`sluice.errors.WireError` otherwise."""
         from sluice.errors import WireError
-        from sluice.hfl.state import field, unpack
         from sluice.models.state import load_module_tree, load_optimizer_tree
+        from sluice.wire.state import field, unpack
 
         part, model, opt = field(unpack(buf), "split-party", "part", "model", "optimizer")
         if part != self.proposal["part"]:

@@ -1,4 +1,5 @@
-"""State as bytes: how the HFL halves and the simulator save and restore what they carry between rounds.
+"""State as bytes: how the engines (the HFL halves and simulator, the local and split trainers) save and
+restore what they carry between iterations: their checkpoints.
 
 A state is a tree of dicts (string keys), lists, tuples, ``None``, booleans, integers (any size), floats,
 strings, bytes and numpy arrays. Layout::
