@@ -26,7 +26,7 @@ id = "digits-mlp"
 [termination]
 iterations = 3
 [request]
-aIMLInferenceName = "COVERAGE_ANALYTICS_COVERAGE_PROBLEM_ANALYSIS"
+aIMLInferenceName = "MDA_ASSISTED_FAULT_MANAGEMENT_FAILURE_PREDICTION"
 """
 
 
@@ -110,3 +110,87 @@ def test_fanout_gathers_reports_from_several_producers(two):
               ["cause"] for g in got]
     assert causes == ["CRITERION_MET", "CRITERION_MET"]
     assert "Reports from every producer" in done.stdout and done.stdout.count("CRITERION_MET") == 2
+
+
+def _counting_client(url: str):
+    """A ProvMnS client whose every answer's size (bytes) is appended to ``sizes``, with the ids it names."""
+    import httpx
+
+    from sluice.service.client import ProvMnSClient
+
+    sizes: list[int] = []
+    bodies: list[str] = []
+
+    def count(resp: httpx.Response) -> None:
+        resp.read()
+        sizes.append(len(resp.content))
+        bodies.append(resp.text)
+
+    http = httpx.Client(timeout=30, trust_env=False, event_hooks={"response": [count]})
+    return ProvMnSClient(url, client=http), sizes, bodies
+
+
+def _watched_bytes(url: str, rid: str, polls: int = 3) -> tuple[int, list[str]]:
+    """Bytes fetched (and answers) while watching ``rid`` for ``polls`` snapshots."""
+    c, sizes, bodies = _counting_client(url)
+    with c:
+        for n, _ in enumerate(c.watch(rid, interval=0.01, timeout=60), start=1):
+            if n == polls:
+                break
+    return sum(sizes), bodies
+
+
+def test_watch_fetches_only_the_watched_request(tmp_path):
+    """Watching one request costs the same bytes whatever else the producer holds: 20 other requests (each
+    with its process) change nothing of what the watch downloads, and no answer names them."""
+    from sluice.service.client import request_body
+
+    doc = {"engine": "local", "train": {"iterations": 3, "batch_size": 64}, "model": {"hidden": [16]},
+           "termination": {"iterations": 3}, "request": {"suspendRequest": True}}  # suspended: nothing trains
+    with running_server(tmp_path, name="watch") as srv:
+        def put(rid: str) -> None:
+            r = srv.http.put(srv.req(rid), json=request_body(doc, rid))
+            assert r.status_code == 201, r.text
+
+        put("W1")
+        put("O1")
+        alone, _ = _watched_bytes(srv.function, "W1")
+        for i in range(2, 22):
+            put(f"O{i}")
+        crowded, bodies = _watched_bytes(srv.function, "W1")
+    assert crowded == alone, (alone, crowded)
+    assert not any("O1" in b or "MLTrainingRequest=O" in b for b in bodies)
+
+
+def test_watch_polls_at_a_sensible_interval():
+    from sluice.cli import build_parser
+
+    for argv in (["watch", "X"], ["create", "job.toml", "--watch"]):
+        args = build_parser().parse_args(["consumer", *argv])
+        assert args.interval >= 1.0
+    assert build_parser().parse_args(["consumer", "watch", "X", "--interval", "0.2"]).interval == 0.2
+
+
+def test_fanout_with_an_unreachable_producer_fails_naming_it(two):
+    """One producer down: the exit status is not 0, stderr names that producer and why, and the report of
+    the producer that trained is still shown and written."""
+    from test_service_support import free_port
+
+    tmp, a, _ = two
+    job = tmp / "fan-dead.toml"
+    job.write_text(JOB.replace('id = "digits-mlp"', 'id = "fan-dead"'), encoding="utf-8")
+    dead = f"http://127.0.0.1:{free_port()}/ProvMnS/v1920/SubNetwork=SN1/MLTrainingFunction=TF1"
+    out = tmp / "fan-dead.json"
+    done = consumer(a.function, "fanout", str(job), "--to", a.function, "--to", dead, "--id", "FAND",
+                    "--json", str(out))
+    assert done.returncode != 0, done.stdout + done.stderr
+    err = " ".join(done.stderr.split())
+    assert f"producer {dead}" in err and "could not be reached" in err and "refused" in err, done.stderr
+    assert "1 of 2 producers" in err, done.stderr
+    assert a.function not in err
+    got = json.loads(out.read_text(encoding="utf-8"))
+    assert got[0]["producer"] == a.function and got[0]["error"] == ""
+    assert next(c for c in got[0]["report"]["VsDataContainer"] if c["id"] == "sluice-report")[
+        "attributes"]["vsData"]["cause"] == "CRITERION_MET"
+    assert got[1]["report"] is None and "could not be reached" in got[1]["error"]
+    assert "CRITERION_MET" in done.stdout

@@ -18,6 +18,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+WATCH_INTERVAL_S = 2.0
 DEFAULT_PRODUCER = "http://127.0.0.1:8080/ProvMnS/v1920/SubNetwork=SN1/MLTrainingFunction=TF1"
 
 
@@ -105,7 +106,7 @@ def _create(args: argparse.Namespace) -> int:
         rid = out["id"]
         Console().print(f"created request [bold]{rid}[/] ({out['attributes']['requestStatus']})")
         if args.watch:
-            return _watch_loop(c, rid)
+            return _watch_loop(c, rid, args.interval)
     return 0
 
 
@@ -138,7 +139,7 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _watch_loop(c: Any, rid: str) -> int:
+def _watch_loop(c: Any, rid: str, interval: float) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     console = Console()
@@ -147,7 +148,7 @@ def _watch_loop(c: Any, rid: str) -> int:
                   TextColumn("it {task.fields[it]}"), TextColumn("{task.fields[metric]}"), TimeElapsedColumn(),
                   console=console) as progress:
         task = progress.add_task(rid, total=100, status="…", it=0, metric="")
-        for proc in c.watch(rid, interval=0.5):
+        for proc in c.watch(rid, interval=interval):
             last = proc
             ps = proc["attributes"].get("progressStatus", {})
             st = _vs(proc, "sluice-status") or {}
@@ -166,7 +167,7 @@ def _watch_loop(c: Any, rid: str) -> int:
 
 def _watch(args: argparse.Namespace) -> int:
     with _client(args) as c:
-        return _watch_loop(c, args.id)
+        return _watch_loop(c, args.id, args.interval)
 
 
 def _modify(args: argparse.Namespace) -> int:
@@ -235,30 +236,44 @@ def _model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fanout_one(args: argparse.Namespace, doc: dict[str, Any], url: str) -> tuple[str, dict[str, Any] | None, str]:
+    """``(producer, its report or None, why there is none)``: what one producer of a fanout gave."""
+    from sluice.service.client import MnSClientError, ProducerUnreachable
+
+    step = "connecting"
+    try:
+        with _client(args, url) as c:
+            step = "creating the request"
+            out = c.create(doc, args.id)
+            step = f"waiting for request {out['id']} to end"
+            c.wait(out["id"], timeout=args.wait)
+            step = f"reading the report of request {out['id']}"
+            return url, c.report(out["id"]), ""
+    except ProducerUnreachable as exc:
+        return url, None, f"could not be reached while {step}: {exc}"
+    except MnSClientError as exc:
+        return url, None, f"answered HTTP {exc.status} while {step}: {exc}"
+    except Exception as exc:  # noqa: BLE001 - one producer failing must not hide the others
+        return url, None, f"failed while {step}: {exc}"
+
+
 def _fanout(args: argparse.Namespace) -> int:
-    """R4: the same requirements to several producers, their reports in one table."""
+    """R4: the same requirements to several producers, their reports in one table; exit status 1 (and one
+    line on stderr per producer, naming it and the cause) when a producer gave no report."""
     from concurrent.futures import ThreadPoolExecutor
+
+    from rich.markup import escape
 
     doc = _doc(args.file, args.overrides)
     producers = args.to or [args.producer]
-
-    def one(url: str) -> tuple[str, dict[str, Any] | None, str]:
-        try:
-            with _client(args, url) as c:
-                out = c.create(doc, args.id)
-                c.wait(out["id"], timeout=args.wait)
-                return url, c.report(out["id"]), ""
-        except Exception as exc:  # noqa: BLE001 - one producer failing must not hide the others
-            return url, None, str(exc)
-
     with ThreadPoolExecutor(max_workers=len(producers)) as pool:
-        results = list(pool.map(one, producers))
+        results = list(pool.map(lambda url: _fanout_one(args, doc, url), producers))
     table = Table(title="Reports from every producer")
     for col in ("producer", "cause", "iterations", "duration s", "performance", "model"):
         table.add_column(col, overflow="fold")
-    for url, rep, err in results:
+    for url, rep, _ in results:
         if rep is None:
-            table.add_row(url, f"[red]{err}[/]", "", "", "", "")
+            table.add_row(url, "[red]no report[/]", "", "", "", "")
             continue
         r = _vs(rep, "sluice-report") or {}
         perf = ", ".join(f"{k} {v:.4g}" for k, v in sorted((r.get("performance") or {}).items())
@@ -269,7 +284,21 @@ def _fanout(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps([{"producer": u, "report": r, "error": e} for u, r, e in results],
                                               indent=2), encoding="utf-8")
-    return 0 if all(r is not None for _, r, _ in results) else 1
+    failed = [(url, err) for url, rep, err in results if rep is None]
+    if not failed:
+        return 0
+    console = Console(stderr=True, soft_wrap=True)
+    for url, err in failed:
+        console.print(f"[bold red]error:[/] producer {escape(url)} gave no report: {escape(err)}", highlight=False)
+    console.print(f"[bold red]error:[/] {len(failed)} of {len(results)} producers gave no report; the others' "
+                  "reports are above", highlight=False)
+    return 1
+
+
+def _interval(q: argparse.ArgumentParser) -> None:
+    q.add_argument("--interval", type=float, default=WATCH_INTERVAL_S, metavar="SECONDS",
+                   help="seconds between two looks at the request while watching; each look fetches the "
+                   "request and its processes only")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -300,10 +329,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--id", help="request id (default: the file's request.id, else the producer chooses)")
     q.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     q.add_argument("--watch", action="store_true", help="then watch it until it ends")
+    _interval(q)
     cmd("list", _list, "list the producer's training requests", with_id=False)
     q = cmd("show", _show, "show a request and its training process")
     q.add_argument("--json", action="store_true")
-    cmd("watch", _watch, "live progress of a request until it ends, then its report")
+    _interval(cmd("watch", _watch, "live progress of a request until it ends, then its report"))
     q = cmd("modify", _modify, "change termination parameters, requirements or priority of a request")
     q.add_argument("--termination", action="append", default=[], metavar="KEY=VALUE",
                    help="e.g. iterations=20 or performance.test_accuracy=0.9 (repeatable)")

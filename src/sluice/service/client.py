@@ -19,6 +19,7 @@ Only httpx is imported here (no FastAPI, SQLAlchemy or torch).
 
 from __future__ import annotations
 
+import re
 import ssl
 import time
 from collections.abc import Iterator
@@ -31,6 +32,8 @@ import httpx
 from sluice.errors import SluiceError
 
 ENDED = ("FINISHED", "CANCELLED")
+NAMED_BATCH = 8  # processes asked for by name in one GET (a request has one per training: 1, then retrainings)
+_UNSAFE_ID = re.compile(r"[^A-Za-z0-9_.\-~:]")  # what a Sluice producer replaces by _ in the ids it makes
 MERGE = "application/merge-patch+json"
 REQUEST_KEYS = ("id", "decided_by")
 
@@ -47,6 +50,10 @@ class MnSClientError(SluiceError):
         super().__init__(f"{what}: HTTP {status}: {reason or body}{detail}")
         self.status = status
         self.body = body
+
+
+class ProducerUnreachable(SluiceError):
+    """No answer came from the producer (connection refused, timed out, TLS failed...)."""
 
 
 def request_body(doc: dict[str, Any], request_id: str | None = None) -> dict[str, Any]:
@@ -88,6 +95,12 @@ def tls_context(ca_file: str | None = None,
     except (OSError, ssl.SSLError) as exc:
         raise SluiceError(f"cannot load the TLS files {ca_file}, {client_cert}: {exc}") from exc
     return ctx
+
+
+def _of_request(tree: dict[str, Any], request_dn: str) -> list[dict[str, Any]]:
+    """The processes of a listing that train the request ``request_dn``, in the listing's order."""
+    return [p for p in tree.get("MLTrainingProcess", [])
+            if request_dn in (p.get("attributes", {}).get("trainingRequestRef") or [])]
 
 
 def vs_of(resource: dict[str, Any], cid: str) -> Any:
@@ -145,7 +158,7 @@ class ProvMnSClient:
         try:
             resp = self.http.request(method, url, **kw)
         except httpx.HTTPError as exc:
-            raise SluiceError(f"{what}: cannot reach {url}: {exc}") from exc
+            raise ProducerUnreachable(f"{what}: cannot reach {url}: {exc or type(exc).__name__}") from exc
         if resp.status_code >= 400:
             try:
                 body = resp.json()
@@ -167,6 +180,9 @@ class ProvMnSClient:
     def request_ldn(self, rid: str) -> str:
         return f"{self.function}/MLTrainingRequest={rid}"
 
+    def _request_dn(self, rid: str) -> str:
+        return ",".join(self.request_ldn(rid).split("/"))
+
     # ------------------------------------------------------------------ requests
     def create(self, doc: dict[str, Any], request_id: str | None = None) -> dict[str, Any]:
         """Create a request from a job document; PUT when it has an id, else POST (the producer names it)."""
@@ -185,12 +201,38 @@ class ProvMnSClient:
         return self.get(self.request_ldn(rid))
 
     def processes(self, rid: str, tree: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-        """The request's training processes, oldest first."""
-        dn = ",".join(self.request_ldn(rid).split("/"))
-        tree = tree if tree is not None else self.get(self.function, scopeType="BASE_NTH_LEVEL", scopeLevel=1,
-                                                      filter="MLTrainingProcess")
-        return [p for p in tree.get("MLTrainingProcess", [])
-                if dn in (p.get("attributes", {}).get("trainingRequestRef") or [])]
+        """The request's training processes, oldest first (from ``tree``, a listing of the function, when
+        given; else fetched by id, see :meth:`snapshot`)."""
+        if tree is not None:
+            return _of_request(tree, self._request_dn(rid))
+        return self.snapshot(rid)[1]
+
+    def snapshot(self, rid: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+        """The request (None when the producer does not hold it) and its processes, oldest first, in one GET
+        that asks for them by id: a Sluice producer names a request's processes ``<request id>-1``, ``-2``…
+        (so what is fetched does not grow with the producer's other requests). Where no process answers to
+        these names, the producer names them otherwise: every process is listed and filtered here."""
+        dn = self._request_dn(rid)
+        base = _UNSAFE_ID.sub("_", rid) or "_"
+        req: dict[str, Any] | None = None
+        found: list[dict[str, Any]] = []
+        start = 1
+        while True:
+            names = [f"MLTrainingProcess={base}-{n}" for n in range(start, start + NAMED_BATCH)]
+            if start == 1:
+                names.insert(0, f"MLTrainingRequest={rid}")
+            tree = self.get(self.function, scopeType="BASE_NTH_LEVEL", scopeLevel=1, filter="|".join(names))
+            if start == 1:
+                req = next(iter(tree.get("MLTrainingRequest") or []), None)
+            got = tree.get("MLTrainingProcess") or []
+            found += _of_request(tree, dn)
+            if len(got) < NAMED_BATCH:  # the numbers run from 1 without a gap: this batch held the last one
+                break
+            start += NAMED_BATCH
+        if req is not None and not found:
+            found = _of_request(self.get(self.function, scopeType="BASE_NTH_LEVEL", scopeLevel=1,
+                                         filter="MLTrainingProcess"), dn)
+        return req, found
 
     def process(self, rid: str) -> dict[str, Any]:
         """The request's current (newest) training process."""
@@ -282,11 +324,18 @@ class ProvMnSClient:
         return p
 
     def status(self, rid: str) -> tuple[str, dict[str, Any]]:
-        """``(requestStatus, current process)``."""
-        return self.request(rid)["attributes"]["requestStatus"], self.process(rid)
+        """``(requestStatus, current process)``, in one GET (see :meth:`snapshot`)."""
+        req, procs = self.snapshot(rid)
+        if req is None:
+            self.request(rid)  # the producer's own answer (404) says why
+            raise SluiceError(f"request {rid} vanished")
+        if not procs:
+            raise SluiceError(f"request {rid} has no training process")
+        return req["attributes"]["requestStatus"], procs[-1]
 
-    def watch(self, rid: str, interval: float = 0.5, timeout: float | None = None) -> Iterator[dict[str, Any]]:
-        """The request's current process every ``interval`` seconds until the request ends."""
+    def watch(self, rid: str, interval: float = 2.0, timeout: float | None = None) -> Iterator[dict[str, Any]]:
+        """The request's current process every ``interval`` seconds until the request ends (one GET each time,
+        of the request and its processes only)."""
         t0 = time.monotonic()
         while True:
             status, proc = self.status(rid)
@@ -297,7 +346,7 @@ class ProvMnSClient:
                 raise SluiceError(f"request {rid} did not end within {timeout:g} s (it is {status})")
             time.sleep(interval)
 
-    def wait(self, rid: str, timeout: float = 600.0, interval: float = 0.3) -> dict[str, Any]:
+    def wait(self, rid: str, timeout: float = 600.0, interval: float = 1.0) -> dict[str, Any]:
         """Wait until the request ends; its current process."""
         last: dict[str, Any] = {}
         for snapshot in self.watch(rid, interval, timeout):
