@@ -27,10 +27,10 @@ from sluice.hfl.peers import (
     _qsgd_dequantise,
     _qsgd_quantise,
     _sketch_seed,
-    _unpack_updates,
 )
 from sluice.tasks import client_datasets, load_task
 from sluice.wire.frame import KIND_RAW, check_header
+from sluice.wire.updates import unpack_updates
 from sluice.wire.vector import DensePayload, SparsePayload, decode, encode
 
 BASE = ["data.num_clients=8", "train.participation=0.5", "train.dropout=0.1", "model.hidden=[32]",
@@ -171,10 +171,10 @@ def test_stc_cache_sends_missed_updates_and_falls_back_when_stale() -> None:
         server.close_round()
     kind, msg = kinds[4, 1]
     assert kind == KIND_RAW
-    assert len(_unpack_updates(msg, b"T", server.d)) == 3  # the updates of rounds 1, 2 and 3
+    assert len(unpack_updates(msg, b"T", server.d)) == 3  # the updates of rounds 1, 2 and 3
     assert len(msg) < 4 * server.d / 10  # far below the dense model
     kind, msg = kinds[2, 0]
-    assert kind == KIND_RAW and len(_unpack_updates(msg, b"T", server.d)) == 1
+    assert kind == KIND_RAW and len(unpack_updates(msg, b"T", server.d)) == 1
     assert kinds[6, 2][0] != KIND_RAW  # stale past the cache: Sluice's dense or sparse-patch message
     assert server.round == 6
 

@@ -6,7 +6,7 @@ drives it unchanged (``HFLEngine(cfg, server_cls=..., client_cls=...)``): the sa
 local training (:meth:`sluice.hfl.client.Client.local_update`, the same seeds) and the same byte
 count, ``len()`` of every encoded message. Only the compression differs. Every message is real bytes that
 the other half decodes: vector payloads (:mod:`sluice.wire.vector`) or, for the ternary and quantised codes,
-a raw frame (:mod:`sluice.wire.frame`, kind 18); either way it carries a CRC-32, and a corrupted message
+a raw frame of updates (:mod:`sluice.wire.updates`); either way it carries a CRC-32, and a corrupted message
 raises :class:`WireError`. Nothing crosses between the halves beside the bytes except what Sluice's own
 halves share: the configuration (its seed) and the round number.
 
@@ -68,7 +68,7 @@ Quantization and Encoding", NeurIPS 2017), quantised FedAvg. Each value of a buc
 becomes ``‖v_bucket‖₂ · sign(v_i) · ξ_i / s`` with ``ξ_i`` the stochastic rounding of ``s·|v_i|/‖v‖₂`` to a
 neighbouring integer level (unbiased). s = 127 so sign and level fit one signed byte: 8 bits per
 coordinate plus one fp32 norm per bucket of B = 512 (bucketing as in the paper; the Elias coding of the
-paper is optional and not used: a plain 8-bit packing, documented in :func:`_qsgd_entry`). QSGD has no
+paper is optional and not used: a plain 8-bit packing, documented in :mod:`sluice.wire.updates`). QSGD has no
 server (workers broadcast quantised gradients to each other, so nothing travels unquantised): here the
 server quantises its averaged update the same way, applies the dequantised update and sends it; a client
 that missed rounds gets the cached quantised updates it missed, or the dense fp32 model when that is
@@ -77,8 +77,6 @@ smaller. Clients rebuild the server model bit for bit.
 
 from __future__ import annotations
 
-import math
-import struct
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -91,9 +89,19 @@ from sluice.hfl.client import Client
 from sluice.hfl.config import HFLConfig
 from sluice.hfl.learner import Learner
 from sluice.hfl.server import Server, UploadInbox
-from sluice.wire.frame import KIND_RAW, check_header, frame, read_varint, unframe, varint
 from sluice.wire.state import field, pack, unpack
-from sluice.wire.vector import DensePayload, SketchPayload, SparsePayload, _rice_decode, _rice_encode, decode, encode
+from sluice.wire.updates import (
+    TAG_QSGD,
+    TAG_TERNARY,
+    is_update_message,
+    pack_updates,
+    qsgd_entry,
+    read_qsgd,
+    read_ternary,
+    ternary_entry,
+    unpack_updates,
+)
+from sluice.wire.vector import DensePayload, SketchPayload, SparsePayload, decode, encode
 
 __all__ = [
     "PEERS",
@@ -173,44 +181,6 @@ def _count(ratio: float, d: int) -> int:
     return min(d, max(1, round(ratio * d)))
 
 
-_TAG_TERNARY = b"T"
-_TAG_QSGD = b"Q"
-_F32 = struct.Struct("<f")
-
-
-def _pack_updates(tag: bytes, d: int, entries: list[bytes]) -> bytes:
-    """A raw frame holding a list of per-round updates of a ``d``-vector, to be applied in order.
-
-    Body: the tag byte (which code the entries use), varint ``d``, varint ``n``, then ``n`` times (varint
-    length, entry). An empty entry is a round in which the server changed nothing.
-    """
-    return frame(KIND_RAW, tag + varint(d) + varint(len(entries)), *(varint(len(e)) + e for e in entries))
-
-
-def _unpack_updates(buf: bytes, tag: bytes, d: int) -> list[bytes]:
-    """The entries of a :func:`_pack_updates` message; :class:`WireError` for anything else."""
-    kind, view = unframe(buf)
-    if kind != KIND_RAW:
-        raise WireError(f"expected a raw frame of updates, got message kind {kind}")
-    body = bytes(view)
-    if body[:1] != tag:
-        raise WireError(f"expected updates coded {tag!r}, got {body[:1]!r}")
-    got, pos = read_varint(body, 1, "d")
-    if got != d:
-        raise WireError(f"the updates describe a vector of length {got}, expected {d}")
-    n, pos = read_varint(body, pos, "n")
-    out = []
-    for _ in range(n):
-        size, pos = read_varint(body, pos, "entry length")
-        if pos + size > len(body):
-            raise WireError(f"update entry truncated: {size} bytes announced, {len(body) - pos} left")
-        out.append(body[pos:pos + size])
-        pos += size
-    if pos != len(body):
-        raise WireError(f"updates message has {len(body) - pos} trailing bytes")
-    return out
-
-
 def _ternarise(a: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.float32, np.ndarray]:
     """STC_k(a): (sorted positions, negative signs, μ as fp32, the fp32 values ±μ) of the top-k of |a|."""
     idx = topk_indices(a, k)
@@ -218,32 +188,6 @@ def _ternarise(a: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.float3
     mu = np.float32(np.mean(np.abs(kept))) if idx.size else np.float32(0.0)
     neg = kept < 0
     return idx, neg, mu, np.where(neg, -mu, mu).astype(np.float32)
-
-
-def _ternary_entry(idx: np.ndarray, neg: np.ndarray, mu: np.float32) -> bytes:
-    """``varint k | μ (fp32) | k sign bits (1 = negative, MSB first, zero padding) | Golomb-Rice gaps``."""
-    return varint(int(idx.size)) + _F32.pack(float(mu)) + np.packbits(neg.astype(np.uint8)).tobytes() + \
-        _rice_encode(idx)
-
-
-def _read_ternary(entry: bytes, d: int) -> tuple[np.ndarray, np.ndarray]:
-    """(positions, fp32 values) of a ternary entry."""
-    k, pos = read_varint(entry, 0, "k")
-    if k > d:
-        raise WireError(f"ternary update keeps {k} of {d} coordinates")
-    nsign = (k + 7) // 8
-    if len(entry) < pos + 4 + nsign + 1:
-        raise WireError(f"ternary update truncated: {len(entry)} bytes cannot hold {k} signs and positions")
-    (mu,) = _F32.unpack_from(entry, pos)
-    if not math.isfinite(mu):
-        raise WireError(f"ternary update has a non-finite magnitude {mu}")
-    pos += 4
-    bits = np.unpackbits(np.frombuffer(entry, dtype=np.uint8, count=nsign, offset=pos))
-    if np.any(bits[k:]):
-        raise WireError("ternary update: sign padding bits are set")
-    idx = _rice_decode(entry[pos + nsign:], k, d)
-    mu32 = np.float32(mu)
-    return idx, np.where(bits[:k].astype(bool), -mu32, mu32).astype(np.float32)
 
 
 def _qsgd_dequantise(norms: np.ndarray, q: np.ndarray, levels: int, bucket: int) -> np.ndarray:
@@ -275,25 +219,9 @@ def _qsgd_quantise(v: np.ndarray, levels: int, bucket: int, rng: np.random.Gener
     return norms, q
 
 
-def _qsgd_entry(norms: np.ndarray, q: np.ndarray, levels: int, bucket: int) -> bytes:
-    """``varint s | varint B | ⌈d/B⌉ fp32 norms | d int8 levels`` (one signed byte per coordinate)."""
-    return varint(levels) + varint(bucket) + norms.astype("<f4").tobytes() + q.astype(np.int8).tobytes()
-
-
 def _read_qsgd(entry: bytes, d: int) -> np.ndarray:
     """The fp32 dequantised vector of a QSGD entry."""
-    levels, pos = read_varint(entry, 0, "levels")
-    bucket, pos = read_varint(entry, pos, "bucket")
-    if not 1 <= levels <= 127 or bucket < 1:
-        raise WireError(f"QSGD entry with s={levels}, B={bucket} (need 1 <= s <= 127, B >= 1)")
-    nb = -(-d // bucket)
-    if len(entry) != pos + 4 * nb + d:
-        raise WireError(f"QSGD entry is {len(entry)} bytes, expected {pos + 4 * nb + d} for d={d}, B={bucket}")
-    norms = np.frombuffer(entry, dtype="<f4", count=nb, offset=pos).astype(np.float32)
-    q = np.frombuffer(entry, dtype=np.int8, count=d, offset=pos + 4 * nb)
-    if not np.isfinite(norms).all() or np.any(norms < 0) or np.any(np.abs(q.astype(np.int16)) > levels):
-        raise WireError("QSGD entry: a norm is negative or not finite, or a level exceeds s")
-    return _qsgd_dequantise(norms, q, levels, bucket)
+    return _qsgd_dequantise(*read_qsgd(entry, d))
 
 
 class _SyncTracker:
@@ -382,7 +310,7 @@ class _UpdateCache:
         base = self.tracker.synced.get(client, 0)
         out = self.tracker.message(client, params)
         if base == self.tracker.round or (self.entries and self.entries[0][0] <= base + 1):
-            chain = _pack_updates(self.tag, self.d, [e for r, e in self.entries if r > base])
+            chain = pack_updates(self.tag, self.d, [e for r, e in self.entries if r > base])
             if len(chain) < len(out):
                 return chain
         return out
@@ -547,16 +475,16 @@ class STCServer(_PeerServer):
         super().__init__(cfg, params, num_clients, output_layer=output_layer)
         self.k = _count(_down_share(cfg, num_clients), self.d)
         self.residual = np.zeros(self.d, dtype=np.float64)
-        self.cache = _UpdateCache(self.d, _TAG_TERNARY, self.hparams.cache_rounds)
+        self.cache = _UpdateCache(self.d, TAG_TERNARY, self.hparams.cache_rounds)
 
     def message(self, client_id: int) -> bytes:
         return self.cache.message(self._check_client(client_id), self._params)
 
     def _decode_upload(self, upload: bytes) -> np.ndarray:
-        entries = _unpack_updates(upload, _TAG_TERNARY, self.d)
+        entries = unpack_updates(upload, TAG_TERNARY, self.d)
         if len(entries) != 1:
             raise WireError(f"an STC upload holds one ternary update, got {len(entries)}")
-        idx, vals = _read_ternary(entries[0], self.d)
+        idx, vals = read_ternary(entries[0], self.d)
         est = np.zeros(self.d, dtype=np.float64)
         est[idx] = vals
         return est
@@ -567,7 +495,7 @@ class STCServer(_PeerServer):
         a[idx] -= vals
         self.residual = a
         self._params[idx] += vals
-        self.cache.record(idx, _ternary_entry(idx, neg, mu))
+        self.cache.record(idx, ternary_entry(idx, neg, mu))
 
     def _idle(self) -> None:
         self.cache.record(np.zeros(0, dtype=np.int64), b"")
@@ -589,9 +517,9 @@ class _ChainClient(_PeerClient):
         raise NotImplementedError
 
     def sync(self, server_message: bytes) -> np.ndarray:
-        if check_header(server_message) != KIND_RAW:
+        if not is_update_message(server_message):
             return super().sync(server_message)
-        entries = _unpack_updates(server_message, self.TAG, self.d)
+        entries = unpack_updates(server_message, self.TAG, self.d)
         held = self.params.copy()
         for entry in entries:
             if entry:
@@ -604,7 +532,7 @@ class STCClient(_ChainClient):
     """STC's client: ternarise (residual + Δ) with error feedback; applies the server's ternary updates."""
 
     STATE_KIND = "stc-client"
-    TAG = _TAG_TERNARY
+    TAG = TAG_TERNARY
 
     def __init__(self, cfg: HFLConfig, client_id: int, learner: Learner) -> None:
         super().__init__(cfg, client_id, learner)
@@ -612,7 +540,7 @@ class STCClient(_ChainClient):
         self.residual = np.zeros(self.d, dtype=np.float64)
 
     def _apply_entry(self, model: np.ndarray, entry: bytes) -> None:
-        idx, vals = _read_ternary(entry, self.d)
+        idx, vals = read_ternary(entry, self.d)
         model[idx] += vals
 
     def train(self, server_message: bytes, data: Dataset, round: int) -> bytes:
@@ -621,7 +549,7 @@ class STCClient(_ChainClient):
         idx, neg, mu, vals = _ternarise(a, self.k)
         a[idx] -= vals
         self.residual = a
-        return _pack_updates(_TAG_TERNARY, self.d, [_ternary_entry(idx, neg, mu)])
+        return pack_updates(TAG_TERNARY, self.d, [ternary_entry(idx, neg, mu)])
 
     def _extra(self) -> dict[str, Any]:
         return {"residual": self.residual}
@@ -789,13 +717,13 @@ class QSGDServer(_PeerServer):
         super().__init__(cfg, params, num_clients, output_layer=output_layer)
         if not 1 <= self.hparams.levels <= 127 or self.hparams.bucket < 1:
             raise TrainingError(f"QSGD needs 1 <= s <= 127 and B >= 1, got {self.hparams}")
-        self.cache = _UpdateCache(self.d, _TAG_QSGD, self.hparams.cache_rounds)
+        self.cache = _UpdateCache(self.d, TAG_QSGD, self.hparams.cache_rounds)
 
     def message(self, client_id: int) -> bytes:
         return self.cache.message(self._check_client(client_id), self._params)
 
     def _decode_upload(self, upload: bytes) -> np.ndarray:
-        entries = _unpack_updates(upload, _TAG_QSGD, self.d)
+        entries = unpack_updates(upload, TAG_QSGD, self.d)
         if len(entries) != 1:
             raise WireError(f"a QSGD upload holds one quantised update, got {len(entries)}")
         return _read_qsgd(entries[0], self.d).astype(np.float64)
@@ -806,7 +734,7 @@ class QSGDServer(_PeerServer):
         rng = np.random.default_rng([self.cfg.seed, self._round + 1, self.num_clients])
         norms, q = _qsgd_quantise(self.cfg.train.server_lr * avg, s, b, rng)
         self._params += _qsgd_dequantise(norms, q, s, b)
-        self.cache.record(np.flatnonzero(q), _qsgd_entry(norms, q, s, b))
+        self.cache.record(np.flatnonzero(q), qsgd_entry(norms, q, s, b))
 
     def _idle(self) -> None:
         self.cache.record(np.zeros(0, dtype=np.int64), b"")
@@ -823,7 +751,7 @@ class QSGDClient(_ChainClient):
     server's quantised updates."""
 
     STATE_KIND = "qsgd-client"
-    TAG = _TAG_QSGD
+    TAG = TAG_QSGD
     hparams: ClassVar[QSGDParams] = QSGDParams()
 
     def _apply_entry(self, model: np.ndarray, entry: bytes) -> None:
@@ -834,7 +762,7 @@ class QSGDClient(_ChainClient):
         delta = self.local_update(held, data, round)
         s, b = self.hparams.levels, self.hparams.bucket
         norms, q = _qsgd_quantise(delta, s, b, self._rng(round))
-        return _pack_updates(_TAG_QSGD, self.d, [_qsgd_entry(norms, q, s, b)])
+        return pack_updates(TAG_QSGD, self.d, [qsgd_entry(norms, q, s, b)])
 
 
 # ---------------------------------------------------------------------------------------------- registry

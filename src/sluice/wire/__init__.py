@@ -5,6 +5,7 @@
 - :mod:`~sluice.wire.vector`: vector payloads of federated training (dense, sparse, count sketch, patch
   chain) and their index codings;
 - :mod:`~sluice.wire.tensor`: messages of split training (tensors, JSON control messages, raw probes);
+- :mod:`~sluice.wire.updates`: the ternary and quantised update messages of the published methods;
 - :mod:`~sluice.wire.state`: state trees (checkpoints of every engine) as bytes;
 - :mod:`~sluice.wire.dtypes`: the one table of element types (names, codes, wire layouts).
 

@@ -447,8 +447,10 @@ def rice_parameter(gaps: np.ndarray) -> int:
     return r
 
 
-def _rice_encode(indices: np.ndarray) -> bytes:
-    """``[r][k*r remainder bits][unary codes: q_j zeros then a one]``, bit-packed MSB first."""
+def rice_encode(indices: np.ndarray) -> bytes:
+    """The Golomb-Rice index block of sorted, unique ``indices``: ``[r][k*r remainder bits][unary codes: q_j
+    zeros then a one]``, bit-packed MSB first, ``r`` the optimal parameter for the gaps
+    (:func:`rice_parameter`)."""
     gaps = _gaps(indices)
     k = gaps.shape[0]
     r = rice_parameter(gaps)
@@ -467,7 +469,8 @@ def _rice_size(indices: np.ndarray) -> int:
     return 1 + (_rice_bits(gaps, rice_parameter(gaps)) + 7) // 8
 
 
-def _rice_decode(block: bytes, k: int, d: int) -> np.ndarray:
+def rice_decode(block: bytes, k: int, d: int) -> np.ndarray:
+    """The ``k`` indices in ``[0, d)`` of a :func:`rice_encode` block; :class:`WireError` for a corrupt one."""
     if len(block) < 1:
         raise WireError("corrupt index block: Golomb-Rice parameter missing")
     r = block[0]
@@ -595,7 +598,7 @@ def encode(
         else:
             coding = _choose_coding(payload.indices, d) if index_coding == "auto" else _CODINGS[index_coding]
             if coding == CODING_RICE:
-                block = _rice_encode(payload.indices)
+                block = rice_encode(payload.indices)
             elif coding == CODING_BITMAP:
                 block = _bitmap_encode(payload.indices, d)
             else:
@@ -807,7 +810,7 @@ def decode(buf: bytes | bytearray | memoryview) -> Payload:
         if coding == CODING_SEED:
             return SparsePayload(d=d, values=values, seed=seed, scale=scale, vscale=vscale)
         if coding == CODING_RICE:
-            idx = _rice_decode(block, k, d)
+            idx = rice_decode(block, k, d)
         elif coding == CODING_BITMAP:
             idx = _bitmap_decode(block, k, d)
         else:
