@@ -91,6 +91,16 @@ def read_toml(path: str | Path | None, overrides: list[str] | None = None) -> di
     return apply_overrides(raw, overrides or [])
 
 
+def toml_ready(obj: Any) -> Any:
+    """``obj`` (dicts, lists and tuples of values) as TOML can hold it: TOML has no null, so ``None`` values
+    are dropped recursively and tuples become lists."""
+    if isinstance(obj, dict):
+        return {k: toml_ready(v) for k, v in obj.items() if v is not None}
+    if isinstance(obj, list | tuple):
+        return [toml_ready(v) for v in obj]
+    return obj
+
+
 def validate(model: type[M], raw: dict[str, Any]) -> M:
     """``model`` validated from ``raw``, or :class:`ConfigError` listing every bad field."""
     try:

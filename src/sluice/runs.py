@@ -15,20 +15,13 @@ from typing import Any
 
 import tomli_w
 
+from sluice.config import toml_ready
+
 
 def _atomic_write(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
-
-
-def _toml_ready(obj: Any) -> Any:
-    """TOML has no null: drop ``None`` values recursively."""
-    if isinstance(obj, dict):
-        return {k: _toml_ready(v) for k, v in obj.items() if v is not None}
-    if isinstance(obj, list | tuple):
-        return [_toml_ready(v) for v in obj]
-    return obj
 
 
 def new_run_path(prefix: str = "run") -> Path:
@@ -53,7 +46,7 @@ class RunDir:
 
     def write_config(self, config: dict[str, Any]) -> None:
         self._written.add(self.path / "config.toml")
-        _atomic_write(self.path / "config.toml", tomli_w.dumps(_toml_ready(config)).encode())
+        _atomic_write(self.path / "config.toml", tomli_w.dumps(toml_ready(config)).encode())
 
     def log(self, record: dict[str, Any]) -> None:
         self._metrics.write(json.dumps(record) + "\n")

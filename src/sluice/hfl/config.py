@@ -14,8 +14,8 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from sluice.data.config import DataConfig
-from sluice.schema import Section
-from sluice.tasks.config import DEVICE_PATTERN, TaskConfig
+from sluice.schema import DEVICE_PATTERN, Section
+from sluice.tasks.config import TaskConfig
 
 
 class ModelConfig(Section):

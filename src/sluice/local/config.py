@@ -13,8 +13,8 @@ from typing import Literal
 from pydantic import Field
 
 from sluice.data.config import ScenarioTable
-from sluice.schema import Section
-from sluice.tasks.config import DEVICE_PATTERN, TaskConfig
+from sluice.schema import DEVICE_PATTERN, Section
+from sluice.tasks.config import TaskConfig
 
 
 class LocalData(Section):

@@ -13,7 +13,7 @@ import re
 import torch
 
 from sluice.errors import ConfigError
-from sluice.tasks.config import DEVICE_PATTERN
+from sluice.schema import DEVICE_PATTERN
 
 
 def resolve_device(spec: str) -> torch.device:

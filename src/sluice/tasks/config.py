@@ -19,9 +19,6 @@ from pydantic import Field, model_validator
 from sluice.errors import TaskError
 from sluice.schema import Section
 
-DEVICE_PATTERN = r"^(auto|cpu|cuda(:\d+)?)$"
-"""What a ``train.device`` setting accepts (:func:`sluice.models.device.resolve_device` resolves it)."""
-
 BUILTIN_NAMES = ("digits", "breast_cancer", "mnist", "synthetic", "coverage", "energy", "kpi_anomaly", "mnist_cnn",
                  "digits_cnn", "kpi_cnn")
 """Every built-in task (:mod:`sluice.tasks.builtin`)."""

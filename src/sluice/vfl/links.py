@@ -67,14 +67,14 @@ class FollowerProcesses:
     def __init__(self, cfg: SplitConfig, names: list[str], workdir: Path) -> None:
         import tomli_w
 
-        from sluice.runs import _toml_ready
+        from sluice.config import toml_ready
 
         self.procs: list[subprocess.Popen] = []
         self.logs: list[IO[str]] = []
         self.addresses: list[str] = []
         workdir.mkdir(parents=True, exist_ok=True)
         cfg_path = workdir / "party.toml"
-        cfg_path.write_text(tomli_w.dumps(_toml_ready(cfg.model_dump())))
+        cfg_path.write_text(tomli_w.dumps(toml_ready(cfg.model_dump())))
         wait = cfg.transport.connect_timeout_s + 30.0
         try:
             ready = []
