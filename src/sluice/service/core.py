@@ -28,8 +28,6 @@ CANCELLED (cancelled, or refused before training: feasibility, a job that cannot
 from __future__ import annotations
 
 import hashlib
-import json
-import math
 import threading
 import time
 import uuid
@@ -40,6 +38,7 @@ from sluice.control.params import Cause, parse_requirements, parse_termination
 from sluice.control.report import brief
 from sluice.errors import ConfigError, SluiceError
 from sluice.service.auth import Actor, inherited, may_see, tag
+from sluice.service.capabilities import Prober, fit_job, fit_proposal, inference_type
 from sluice.service.config import ServiceConfig
 from sluice.service.db import MOI, Artifact, Checkpoint, Upload, make_engine, migrate
 from sluice.service.nrm import (
@@ -57,6 +56,9 @@ from sluice.service.nrm import (
 from sluice.service.outbox import Outbox
 from sluice.service.store import Store, Tx
 from sluice.service.tasks import check_args, producer_job, producer_task
+from sluice.service.validate import check_data, parse_conditions
+from sluice.service.validate import config_error as _config_error
+from sluice.service.validate import finite as _finite
 from sluice.service.worker import Supervisor, WorkerGone
 
 ENDED = ("FINISHED", "FAILED", "CANCELLED")
@@ -64,63 +66,6 @@ RESTARTABLE = ("local", "hfl", "split")
 """Engine kinds a process of which may train again from scratch when it was interrupted before any
 checkpoint (they train here, from their configuration alone)."""
 _DUMP: dict[str, Any] = {"mode": "json", "exclude_none": True, "exclude_defaults": True}
-MAX_UPLOAD_SAMPLES = 200_000
-
-
-def _finite(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def parse_conditions(text: str) -> dict[str, Any]:
-    """``terminationConditions`` as termination parameters: a JSON object, or ``key=value`` pairs joined by
-    ``;`` with dotted keys (``iterations=20; performance.test_accuracy=0.9``), as the producer writes it."""
-    text = text.strip()
-    if not text:
-        return {}
-    if text.startswith("{"):
-        try:
-            doc = json.loads(text)
-        except ValueError as exc:
-            raise MnSError(400, f"terminationConditions is not valid JSON: {exc}",
-                           bad_attributes=["terminationConditions"]) from exc
-        if not isinstance(doc, dict):
-            raise MnSError(400, "terminationConditions must be a JSON object", bad_attributes=["terminationConditions"])
-        return doc
-    out: dict[str, Any] = {}
-    for pair in text.split(";"):
-        if not pair.strip():
-            continue
-        key, eq, raw = pair.partition("=")
-        if not eq or not key.strip():
-            raise MnSError(400, f"terminationConditions: {pair.strip()!r} is not key=value",
-                           bad_attributes=["terminationConditions"])
-        try:
-            value = json.loads(raw.strip())
-        except ValueError:
-            value = raw.strip()
-        node = out
-        parts = key.strip().split(".")
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-        node[parts[-1]] = value
-    return out
-
-
-def _config_error(exc: Exception, default: str) -> MnSError:
-    """A 400 naming the VsDataContainer each bad field of a job belongs to."""
-    text = str(exc)
-    bad: list[str] = []
-    for line in text.split("\n"):
-        line = line.strip()
-        if line.startswith("requirements."):
-            bad.append("VsDataContainer/sluice-requirements")
-        elif line.startswith("termination."):
-            bad.append("VsDataContainer/sluice-termination")
-        elif line and not line.startswith("invalid"):
-            bad.append(default)
-    return MnSError(400, text.replace("\n  ", "; "), bad_attributes=list(dict.fromkeys(bad or [default])))
-
-
 class TrainingService:
     """One producer: its store, outbox and supervisor; every operation of the REST interface."""
 
@@ -138,6 +83,7 @@ class TrainingService:
                              backoff_s=cfg.notify_backoff_s, ca_file=cfg.notify_ca_file)
         self.supervisor = Supervisor(cfg.max_concurrent, self._pick_next, self._on_message,
                                      start_method=cfg.worker_start, call_timeout_s=cfg.call_timeout_s)
+        self.prober = Prober(self.supervisor.ctx)
         self._last_progress: dict[str, float] = {}
         self._policy_lock = threading.Lock()
 
@@ -276,14 +222,9 @@ class TrainingService:
             raise MnSError(400, f"decidedBy {decided}: the producer sets the termination parameters; send none "
                            "(or decidedBy consumer)", bad_attributes=["VsDataContainer/sluice-termination"])
         model = dict(job.get("model") or {})
-        name = attrs.get("aIMLInferenceName")
+        name = inference_type(attrs.get("aIMLInferenceName"), model.get("type"))
         if name and "type" not in model:
-            from sluice.control.params import normalise_model_type
-
-            try:
-                model["type"] = normalise_model_type(name)
-            except ValueError:
-                pass
+            model["type"] = name
         if model:
             job["model"] = model
         doc = dict(job)
@@ -291,8 +232,13 @@ class TrainingService:
             doc["requirements"] = req
         if term is not None:
             doc["termination"] = term
-        parsed = self._parse_job(kind, doc)
-        return {
+        try:
+            parsed = self._parse_job(kind, doc)
+        except MnSError as exc:  # a scenario job trains its own type only
+            if name and "model.type" in exc.reason:
+                exc.bad_attributes = [*exc.bad_attributes, "aIMLInferenceName"]
+            raise
+        out = {
             "kind": kind, "raw": {k: v for k, v in doc.items() if k not in ("requirements", "termination")},
             "model": parsed.model.model_dump(mode="json"),
             "requirements": None if parsed.requirements is None else parsed.requirements.model_dump(
@@ -301,6 +247,7 @@ class TrainingService:
                 mode="json", exclude_none=True, exclude_defaults=True),
             "decided_by": decided,
         }
+        return fit_job(out, attrs, self.prober.of(kind, producer_job(out["raw"], self.cfg.tasks)))
 
     def _parse_job(self, kind: str, doc: dict[str, Any]) -> Any:
         """``doc`` validated as this producer trains it: the task it names is a built-in or a registered one
@@ -414,7 +361,12 @@ class TrainingService:
         with self._policy_lock:
             producer = Producer(self.cfg.training_function, no_engine, self.cfg.policy, self._history())
             req = parse_requirements(job["requirements"]) if job["requirements"] else None
-            prop = producer.propose(parse_model(job["model"]), req)
+            try:
+                prop = producer.propose(parse_model(job["model"]), req)
+            except ConfigError as exc:  # a metric of the engine's own that the policy cannot judge
+                raise MnSError(400, f"the producer cannot propose parameters for this request: {exc}; send them "
+                               "(decidedBy consumer)", bad_attributes=["VsDataContainer/sluice-negotiation"]) from exc
+        fit_proposal(prop.termination.model_dump(**_DUMP), job)
         return prop.termination.model_dump(**_DUMP), list(prop.rationale)
 
     def _new_process(self, tx: Tx, req: MOI, job: dict[str, Any], *, trigger: str, suspended: bool = False,
@@ -823,41 +775,10 @@ class TrainingService:
                               vs=vs, internal=internal)
 
     # ------------------------------------------------------------------ data (T6) and triggers (T7)
-    @staticmethod
-    def _check_data(data: Any) -> dict[str, Any]:
-        where = "VsDataContainer/sluice-data"
-        if not isinstance(data, dict):
-            raise MnSError(400, "sluice-data vsData must be an object {X: [[...], ...], y: [...], client?: n}",
-                           bad_attributes=[where])
-        extra = sorted(set(data) - {"X", "y", "client"})
-        if extra:
-            raise MnSError(400, f"sluice-data takes X, y and client; unknown {extra}", bad_attributes=[where])
-        X, y = data.get("X"), data.get("y")
-        if not isinstance(X, list) or not X or not all(isinstance(r, list) for r in X):
-            raise MnSError(400, "sluice-data X must be a non-empty list of rows (samples × features)",
-                           bad_attributes=[f"{where}/X"])
-        width = len(X[0])
-        if width == 0 or any(len(r) != width for r in X):
-            raise MnSError(400, f"sluice-data X rows must all have the same number of features ({width} in row 0)",
-                           bad_attributes=[f"{where}/X"])
-        if not all(_finite(v) for r in X for v in r):
-            raise MnSError(400, "sluice-data X must hold finite numbers only", bad_attributes=[f"{where}/X"])
-        if not isinstance(y, list) or len(y) != len(X):
-            raise MnSError(400, f"sluice-data y must be a list with one label per row of X ({len(X)})",
-                           bad_attributes=[f"{where}/y"])
-        if not all(_finite(v) or (isinstance(v, list) and all(_finite(u) for u in v)) for v in y):
-            raise MnSError(400, "sluice-data y must hold finite numbers only", bad_attributes=[f"{where}/y"])
-        if len(X) > MAX_UPLOAD_SAMPLES:
-            raise MnSError(413, f"at most {MAX_UPLOAD_SAMPLES} samples per upload", bad_attributes=[where])
-        c = data.get("client")
-        if c is not None and (not isinstance(c, int) or isinstance(c, bool) or c < 0):
-            raise MnSError(400, "sluice-data client must be an integer >= 0", bad_attributes=[f"{where}/client"])
-        return data
-
     def upload(self, proc_ldn: str, data: Any) -> MOI:
         """Training data for a process: a running one checks and takes it at once (a 400 says why it cannot);
         an ended one is retrained with it (updated training data, T7): a new process, the next version."""
-        data = self._check_data(data)
+        data = check_data(data)
         proc = self.get(proc_ldn)
         want, width = self._request_features(proc), len(data["X"][0])
         if want is not None and width != want:
@@ -1087,6 +1008,14 @@ class TrainingService:
                 if msg["state"] in ENDED:
                     return  # the done message carries the report and the model
                 self._apply_status(tx, proc, msg["status"], interim=msg.get("report"))
+            return
+        if kind == "refused":
+            with self.store.write() as tx:
+                proc = tx.get(ldn)
+                if proc is not None and proc.internal.get("phase") != "ended":
+                    self._end_process(tx, proc, {"cause": Cause.CANCELLED.value, "status": "CANCELLED", "iterations": 0,
+                                                 "detail": f"refused before training: {msg.get('error')}",
+                                                 "model": proc.internal.get("model")}, None, None, refused=True)
             return
         if kind in ("failed", "died"):
             with self.store.write() as tx:

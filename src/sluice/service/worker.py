@@ -10,7 +10,9 @@ sampler), and talks to the web server over one :class:`multiprocessing.connectio
   percent changed), ``ack`` (the answer to a command that can be refused), ``checkpoint`` (every
   ``checkpoint_every`` iterations: the engine's ``checkpoint()`` bytes and the process's
   :meth:`~sluice.control.TrainingProcess.checkpoint` as JSON bytes), ``done`` (the report and the saved
-  model's bytes) and ``failed`` (the job could not be built, started or resumed);
+  model's bytes), ``refused`` (the parameters do not fit the engine: a metric it does not report, a
+  threshold out of range; nothing was trained) and ``failed`` (the job could not be built, started or
+  resumed);
 * server → worker: ``cancel``, ``suspend``, ``resume``, ``update`` (termination parameters or
   requirements, from the next iteration) and ``data`` (training data, checked by the engine's
   ``check_data`` before it is queued; the ``ack`` carries the refusal).
@@ -119,7 +121,12 @@ def worker_main(spec: dict[str, Any], conn: Connection) -> None:
                                on_checkpoint=on_checkpoint)
         uploads = list(spec.get("uploads", []))
     except Exception as exc:  # noqa: BLE001 - reported to the service as a refusal with its reason
-        send({"kind": "failed", "error": f"{type(exc).__name__}: {exc}", "before_training": True})
+        from sluice.errors import ConfigError
+
+        if isinstance(exc, ConfigError):  # parameters the engine cannot honour: refused, nothing failed
+            send({"kind": "refused", "error": str(exc)})
+        else:
+            send({"kind": "failed", "error": f"{type(exc).__name__}: {exc}", "before_training": True})
         conn.close()
         return
     resume = spec.get("resume")
@@ -322,7 +329,7 @@ class Supervisor:
                 entry[1].update(msg)
                 entry[0].set()
             return
-        if msg.get("kind") in ("done", "failed"):
+        if msg.get("kind") in ("done", "failed", "refused"):
             w.ended = True
         self.on_message(w.ldn, msg)
 
