@@ -46,6 +46,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from sluice.service.auth import CHALLENGE, TokenRegistry
 from sluice.service.config import ServiceConfig
 from sluice.service.core import TrainingService
+from sluice.service.filters import parse_filter
 from sluice.service.limits import BodyLimit
 from sluice.service.nrm import (
     PRODUCER_ONLY,
@@ -343,7 +344,7 @@ def create_app(cfg: ServiceConfig, public_url: str | None = None) -> FastAPI:
         if scope_type not in ("BASE_ONLY", "BASE_NTH_LEVEL", "BASE_SUBTREE", "BASE_ALL") or level < 0:
             raise MnSError(400, f"scopeType {scope_type!r} is not BASE_ONLY, BASE_NTH_LEVEL, BASE_SUBTREE or BASE_ALL",
                            bad_query_params=["scope"])
-        flt = q.get("filter")
+        flt = parse_filter(q.get("filter"))
 
         def render(r: Any) -> dict[str, Any]:
             doc = representation(r, attributes=attributes)
@@ -354,7 +355,7 @@ def create_app(cfg: ServiceConfig, public_url: str | None = None) -> FastAPI:
             depth = None if scope_type == "BASE_ALL" else level
             base_depth = ldn.count("/")
             rows = sorted(service.subtree(ldn, depth, request.state.actor), key=lambda r: (r.dn.count("/"), r.seq))
-            chosen = {r.dn for r in rows if _filter_matches(flt, r.dn) and (
+            chosen = {r.dn for r in rows if (flt is None or flt.matches(r, _filter_matches)) and (
                 scope_type != "BASE_NTH_LEVEL" or r.dn.count("/") - base_depth == level)}
             needed = set(chosen)
             for dn in chosen:
