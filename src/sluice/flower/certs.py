@@ -119,15 +119,16 @@ def make_certificates(out: str | Path, hosts: list[str] | tuple[str, ...] = ("12
     pem = serialization.Encoding.PEM
     plain = serialization.NoEncryption()
     private = serialization.PrivateFormat.PKCS8
-    _write(out / "ca.key", ca_key.private_bytes(pem, private, plain), secret=True)
-    _write(files.ca, ca.public_bytes(pem))
-    _write(files.key, key.private_bytes(pem, private, plain), secret=True)
-    _write(files.cert, cert.public_bytes(pem))
+    atomic_write(out / "ca.key", ca_key.private_bytes(pem, private, plain), secret=True)
+    atomic_write(files.ca, ca.public_bytes(pem))
+    atomic_write(files.key, key.private_bytes(pem, private, plain), secret=True)
+    atomic_write(files.cert, cert.public_bytes(pem))
     return files
 
 
-def _write(path: Path, data: bytes, *, secret: bool = False) -> None:
-    """Replace ``path`` by ``data`` atomically (a new file renamed over it); ``secret``: owner-only mode 0600."""
+def atomic_write(path: Path, data: bytes, *, secret: bool = False) -> None:
+    """Replace ``path`` by ``data`` atomically (a new file renamed over it); ``secret``: owner-only mode 0600.
+    Keys and certificates are written with it, and so are the service's token files."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.unlink(missing_ok=True)  # with O_EXCL below a leftover file (or a link) is never reused with its mode
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600 if secret else 0o644)
@@ -162,9 +163,9 @@ def _write_pair(files: CertFiles, key, cert) -> None:  # noqa: ANN001
     from cryptography.hazmat.primitives import serialization
 
     pem = serialization.Encoding.PEM
-    _write(files.key, key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
-           secret=True)
-    _write(files.cert, cert.public_bytes(pem))
+    atomic_write(files.key, key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+                 secret=True)
+    atomic_write(files.cert, cert.public_bytes(pem))
 
 
 def make_client_certificate(out: str | Path, name: str, *, days: int = 365) -> CertFiles:
@@ -225,9 +226,9 @@ def make_split_certificates(out: str | Path, followers: dict[str, list[str]], le
         out.mkdir(parents=True, exist_ok=True)
         ca, ca_key = _new_ca(now, until)
         pem = serialization.Encoding.PEM
-        _write(out / "ca.key", ca_key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
-                                                    serialization.NoEncryption()), secret=True)
-        _write(out / CA_CERT, ca.public_bytes(pem))
+        atomic_write(out / "ca.key", ca_key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
+                                                          serialization.NoEncryption()), secret=True)
+        atomic_write(out / CA_CERT, ca.public_bytes(pem))
     ca_pem = (out / CA_CERT).read_bytes()
     parties = [(n, "follower", tuple(h)) for n, h in followers.items()] + [(leader, "leader", ())]
     made = []
@@ -236,7 +237,7 @@ def make_split_certificates(out: str | Path, followers: dict[str, list[str]], le
         folder.mkdir(parents=True, exist_ok=True)
         files = CertFiles(folder / CA_CERT, folder / f"{name}.pem", folder / f"{name}.key")
         key, cert = _leaf(ca, ca_key, name, now, until, server_hosts=hosts if role == "follower" else None)
-        _write(files.ca, ca_pem)
+        atomic_write(files.ca, ca_pem)
         _write_pair(files, key, cert)
         made.append(PartyCerts(name, role, folder, files, hosts))
     return made
