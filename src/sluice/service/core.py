@@ -39,6 +39,7 @@ from sluice.control.report import brief
 from sluice.errors import ConfigError, SluiceError
 from sluice.service.auth import Actor, inherited, may_see, tag
 from sluice.service.capabilities import Prober, fit_job, fit_proposal, inference_type
+from sluice.service.cascade import delete_request_tree
 from sluice.service.config import ServiceConfig
 from sluice.service.db import MOI, Artifact, Checkpoint, Upload, make_engine, migrate
 from sluice.service.nrm import (
@@ -898,7 +899,7 @@ class TrainingService:
         with self.store.write() as tx:
             cur = tx.get(ldn)
             if cur is not None:
-                tx.delete(cur)
+                delete_request_tree(tx, cur)  # its processes and reports go with it, its models stay
 
     # ------------------------------------------------------------------ subscriptions
     def put_subscription(self, ldn: str, body: dict[str, Any], actor: Actor | None = None) -> tuple[MOI, bool]:
