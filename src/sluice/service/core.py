@@ -42,6 +42,7 @@ from sluice.service.capabilities import Prober, fit_job, fit_proposal, inference
 from sluice.service.cascade import delete_request_tree
 from sluice.service.config import ServiceConfig
 from sluice.service.db import MOI, Artifact, Checkpoint, Upload, make_engine, migrate
+from sluice.service.identity import request_model, stored_identity
 from sluice.service.nrm import (
     CM_NOTIFICATION_TYPES,
     READ_ONLY,
@@ -172,7 +173,7 @@ class TrainingService:
         return art
 
     # ------------------------------------------------------------------ requests: create / replace
-    def _job_from(self, attrs: dict[str, Any], vs: dict[str, Any]) -> dict[str, Any]:
+    def _job_from(self, attrs: dict[str, Any], vs: dict[str, Any], rid: str) -> dict[str, Any]:
         """The job a request asks for, validated without building an engine: ``kind``, ``raw`` (engine
         configuration + model identity), ``model``, ``requirements``, ``termination``, ``decided_by``."""
         from sluice.jobs import ENGINE_KINDS
@@ -241,7 +242,7 @@ class TrainingService:
             raise
         out = {
             "kind": kind, "raw": {k: v for k, v in doc.items() if k not in ("requirements", "termination")},
-            "model": parsed.model.model_dump(mode="json"),
+            "model": request_model(parsed.model.model_dump(mode="json"), model, rid),
             "requirements": None if parsed.requirements is None else parsed.requirements.model_dump(
                 mode="json", exclude_none=True, exclude_defaults=True),
             "termination": None if parsed.termination is None else parsed.termination.model_dump(
@@ -314,7 +315,7 @@ class TrainingService:
         check_id(id_of(ldn))
         attrs = self._check_attrs("MLTrainingRequest", body.get("attributes") or {})
         vs = read_vs(body, "MLTrainingRequest")
-        job = self._job_from(attrs, vs)
+        job = self._job_from(attrs, vs, id_of(ldn))
         attrs.setdefault("cancelRequest", False)
         attrs.setdefault("suspendRequest", False)
         attrs["requestStatus"] = "NOT_STARTED"
@@ -486,7 +487,7 @@ class TrainingService:
         job_attrs = ("performanceRequirements", "aIMLInferenceName")
         job_changed = any(vs.get(k) != old_vs.get(k) for k in job_keys) or any(
             attrs.get(k) != old_attrs.get(k) for k in job_attrs)
-        new_job = self._job_from(attrs, vs) if job_changed else req.internal["job"]
+        new_job = self._job_from(attrs, vs, id_of(ldn)) if job_changed else req.internal["job"]
         cancel = attrs["cancelRequest"] and not old_attrs.get("cancelRequest", False)
         suspend_change = attrs["suspendRequest"] != old_attrs.get("suspendRequest", False)
         if cancel and ended and proc.attributes["progressStatus"]["status"] != "CANCELLED":
@@ -1080,6 +1081,7 @@ class TrainingService:
         model_ldn = None
         ident = report.get("model") or proc.internal.get("model") or {}
         if model_bytes:
+            ident = report["model"] = stored_identity(tx, ident)
             base = safe_id(f"{ident.get('id', 'model')}-v{ident.get('version', '1')}")
             model_ldn = f"{self.repo}/MLModel={base}"
             if tx.get(model_ldn) is not None:
@@ -1141,7 +1143,8 @@ class TrainingService:
                   bytes_up=report.get("bytes_up", st.get("bytes_up", 0)),
                   bytes_down=report.get("bytes_down", st.get("bytes_down", 0)))
         self._set_process(tx, proc, attrs=attrs, vs={"sluice-status": st},
-                          internal={"phase": "ended", "refused": refused, "ended_at": time.time()})
+                          internal={"phase": "ended", "refused": refused, "ended_at": time.time(),
+                                    "model": ident or proc.internal.get("model")})
         ckpt = tx.s.get(Checkpoint, proc.dn)
         if ckpt is not None:
             tx.s.delete(ckpt)
