@@ -11,7 +11,8 @@ engine's configuration plus three control parts::
 
 Engine configurations know nothing of the control plane: this module splits the document, validates
 each part with its own model and builds the engine through :data:`ENGINE_KINDS`, the one factory keyed
-by engine kind.
+by engine kind. The layers above add their own kinds to it (:func:`register_engine_kind`): the management
+service adds ``chain`` when :mod:`sluice.service` is imported, so nothing here names a module above jobs.
 
 A job on a network-analytics scenario (``data.dataset = "coverage" | "energy" | "kpi_anomaly"``) trains
 that scenario's model type: without ``[model] type`` the job takes it, and a different type is a
@@ -70,10 +71,15 @@ ENGINE_KINDS: dict[str, EngineKind] = {
                    lambda c: f"local-{c.task.label or c.data.dataset + '-mlp'}"),
         EngineKind("split", "sluice.vfl.config:SplitConfig", "sluice.vfl:engine_from_config",
                    lambda c: f"split-{c.data.dataset}-{c.topology}"),
-        EngineKind("chain", "sluice.service.chain:ChainConfig", "sluice.service.chain:engine_from_config",
-                   lambda c: "chain-" + "-".join(c.producers)),
     )
 }
+"""Every engine kind a job may name: the engines' own, and those a layer above adds with
+:func:`register_engine_kind` (the management service's ``chain``, on importing :mod:`sluice.service`)."""
+
+
+def register_engine_kind(kind: EngineKind) -> None:
+    """Make ``kind`` a kind jobs may name (again: the same name replaces the earlier kind)."""
+    ENGINE_KINDS[kind.name] = kind
 
 
 def engine_kind(name: str) -> EngineKind:
