@@ -106,6 +106,8 @@ class ServiceConfig(Section):
                                   "an MLTrainingProcess), as sent and decoded")
     checkpoint_every: int = Field(5, ge=0, description="iterations between the checkpoints a restarted service "
                                   "resumes a process from (0: none; the process then restarts from scratch)")
+    worker_restarts: int = Field(3, ge=0, description="times a process whose worker died (killed, crashed) goes "
+                                 "back to the queue to resume from its last checkpoint before it fails")
     notify_ca_file: str | None = Field(None, description="CA file verifying https notification recipients "
                                        "(default: the system's CAs)")
     auth: AuthConfig = Field(default_factory=AuthConfig)

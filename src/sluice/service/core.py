@@ -113,38 +113,45 @@ class TrainingService:
         self.db.dispose()
 
     def _recover(self, tx: Tx) -> None:
-        """Processes that were starting or running when the service stopped lost their worker with it: they
-        go back to the queue (before anything queued later) to resume from their last checkpoint, or from
-        scratch when they have none and their engine trains here (:data:`RESTARTABLE`); one that can do
-        neither, or was being cancelled, ends (FAILED with the reason, or CANCELLED). Until its worker
+        """Processes that were starting or running when the service stopped lost their worker with it: each
+        goes back to the queue or ends (:meth:`_requeue_interrupted`). Queued ones stay queued."""
+        for row in tx.of_class("MLTrainingProcess"):
+            if row.internal.get("phase") in ("starting", "running"):
+                self._requeue_interrupted(tx, row, "the service stopped")
+
+    def _requeue_interrupted(self, tx: Tx, row: MOI, why: str, limit: int | None = None) -> None:
+        """A process that lost its worker (``why``: the service stopped, or the worker died) goes back to the
+        queue (before anything queued later) to resume from its last checkpoint, or from scratch when it has
+        none and its engine trains here (:data:`RESTARTABLE`); one that can do neither, was being cancelled,
+        or already lost ``limit`` workers, ends (FAILED with the reason, or CANCELLED). Until its worker
         reports again a resuming process shows ``progressStateInfo`` RESUMING and its request stays
         IN_PROGRESS; iterations it repeats (those after the checkpoint) change nothing the consumer has
-        already seen (``internal.resume.seen``). Queued ones stay queued."""
-        for row in tx.of_class("MLTrainingProcess"):
-            if row.internal.get("phase") not in ("starting", "running"):
-                continue
-            st = dict(row.vs_data.get("sluice-status") or {})
-            done = int(st.get("iterations", 0) or 0)
-            ckpt = tx.s.get(Checkpoint, row.dn)
-            kind = row.internal.get("kind")
-            if row.internal.get("cancelling") or (ckpt is None and kind not in RESTARTABLE):
-                cancelled = bool(row.internal.get("cancelling"))
-                detail = ("cancelled; the service stopped before the process ended" if cancelled else
-                          f"the service stopped while this process trained; {done} iterations were done, no "
-                          f"checkpoint was taken and a {kind} job cannot train again from scratch")
-                report = {"cause": Cause.CANCELLED.value if cancelled else Cause.ENGINE_FAILURE.value,
-                          "status": "CANCELLED" if cancelled else "FAILED", "detail": detail, "iterations": done,
-                          "performance": st.get("metrics", {}), "duration_s": st.get("elapsed_s", 0.0),
-                          "model": row.internal.get("model")}
-                self._end_process(tx, row, report, None, None)
-                continue
-            status = dict(row.attributes["progressStatus"])
-            if status.get("status") != "SUSPENDED":
-                status["progressStateInfo"] = "RESUMING"
-            resume = {"from": 0 if ckpt is None else ckpt.iteration, "seen": done}
-            self._set_process(tx, row, attrs={"progressStatus": status},
-                              internal={"phase": "queued", "resume": resume,
-                                        "restarts": int(row.internal.get("restarts", 0)) + 1})
+        already seen (``internal.resume.seen``)."""
+        st = dict(row.vs_data.get("sluice-status") or {})
+        done = int(st.get("iterations", 0) or 0)
+        ckpt = tx.s.get(Checkpoint, row.dn)
+        kind, restarts = row.internal.get("kind"), int(row.internal.get("restarts", 0))
+        deaths = int(row.internal.get("deaths", 0)) + (limit is not None)
+        spent = limit is not None and deaths > limit
+        if row.internal.get("cancelling") or spent or (ckpt is None and kind not in RESTARTABLE):
+            cancelled = bool(row.internal.get("cancelling"))
+            detail = (f"cancelled; {why} before the process ended" if cancelled else
+                      f"{why} while this process trained, after {limit} resumed runs" if spent else
+                      f"{why} while this process trained; {done} iterations were done, no "
+                      f"checkpoint was taken and a {kind} job cannot train again from scratch")
+            report = {"cause": Cause.CANCELLED.value if cancelled else Cause.ENGINE_FAILURE.value,
+                      "status": "CANCELLED" if cancelled else "FAILED", "detail": detail, "iterations": done,
+                      "performance": st.get("metrics", {}), "duration_s": st.get("elapsed_s", 0.0),
+                      "model": row.internal.get("model")}
+            self._end_process(tx, row, report, None, None)
+            return
+        status = dict(row.attributes["progressStatus"])
+        if status.get("status") != "SUSPENDED":
+            status["progressStateInfo"] = "RESUMING"
+        resume = {"from": 0 if ckpt is None else ckpt.iteration, "seen": max(done, int(
+            (row.internal.get("resume") or {}).get("seen", 0)))}
+        self._set_process(tx, row, attrs={"progressStatus": status},
+                          internal={"phase": "queued", "resume": resume, "restarts": restarts + 1, "deaths": deaths})
 
     # ------------------------------------------------------------------ reads
     def get(self, ldn: str, actor: Actor | None = None) -> MOI:
@@ -1023,6 +1030,10 @@ class TrainingService:
             with self.store.write() as tx:
                 proc = tx.get(ldn)
                 if proc is None or proc.internal.get("phase") == "ended":
+                    return
+                if kind == "died":  # killed, or crashed: as after a restart of the service
+                    self._requeue_interrupted(tx, proc, f"its worker exited with code {msg.get('exitcode')}",
+                                              self.cfg.worker_restarts)
                     return
                 st = proc.vs_data.get("sluice-status") or {}
                 detail = msg.get("error") or f"the worker exited with code {msg.get('exitcode')} before reporting"
