@@ -12,7 +12,8 @@ A producer serves requests in the background: ``Producer.start(request)`` return
 """
 
 from sluice.control.consumer import Consumer, train_many
-from sluice.control.eta import Estimate, Estimator, PowerLaw, fit_power_law
+from sluice.control.curves import PowerLaw, fit_power_law
+from sluice.control.eta import Estimate, Estimator
 from sluice.control.feasibility import Feasibility, preflight
 from sluice.control.handles import ProcessHandle, ProcessRegistry, UnknownProcessError
 from sluice.control.monitor import Anomaly, Firing, Hit, Monitor, Observation

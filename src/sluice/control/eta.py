@@ -1,26 +1,32 @@
-"""Progress and remaining-effort estimates (T5): learning-curve extrapolation plus smoothed iteration time.
+"""Progress and remaining-effort estimates (T5), with their uncertainty: when will the target be met?
 
-The monitored metric is modelled as a power law in the iteration count ``n``::
+A performance target fires when the monitored metric passes its threshold for ``patience`` consecutive
+evaluations. Federated curves are noisy and not monotone, so the question is when a noisy curve first
+passes, not when a smooth one crosses. :class:`Estimator` answers it by simulating futures:
 
-    y(n) = c + a · n^(−α),   α > 0
+1. the curve since its steepest improvement (:func:`sluice.control.curves.regime_start`) is fitted with a
+   power law ``y(n) = c + a·n^(−α)`` (:mod:`sluice.control.curves`); its residuals give the noise level ``σ``
+   and their lag-one autocorrelation ``ρ``;
+2. ``samples`` curves are refitted on the fit plus residuals resampled in blocks of about
+   ``(1 + ρ)/(1 − ρ)`` evaluations (a moving-block bootstrap keeps the residuals' correlation): the spread of
+   the fitted curves is the uncertainty of the trend;
+3. each refitted curve is continued up to the horizon (``max(min_horizon, horizon_factor·n)`` iterations)
+   with AR(1) noise of standard deviation ``noise_scale·σ`` that starts from the last residual, and the
+   first evaluation where the threshold has held ``patience`` times is that future's remaining iterations.
 
-(``c`` is the asymptote; ``a > 0`` for a decreasing loss, ``a < 0`` for an increasing accuracy). For a
-fixed ``α`` the least-squares ``(c, a)`` has a closed form (simple linear regression of ``y`` on
-``x = n^(−α)``: ``a = Sxy/Sxx``, ``c = ȳ − a·x̄``); when the metric has a range (accuracy in [0, 1], a
-loss ≥ 0) and ``c`` falls outside it, ``c`` is clamped to the bound and ``a = Σx(y − c)/Σx²``. ``α`` is
-found by a vectorised grid search over log-spaced values, refined twice around the best.
+The median over the futures is the estimate and the 10th and 90th percentiles its 80 % interval; the share
+of futures that pass within the horizon is the probability of meeting the target there. Below one half
+there is no point estimate: the note says the target is not expected within the horizon and gives that
+probability. The settings (:class:`EtaSettings`) were chosen on the tuning runs of ``bench/eta.py`` and
+scored on its held-out runs. The futures are drawn from a generator seeded with the number of values, so
+one history gives one estimate. A simulation is redone once the curve has grown by a ``refresh``-th of its
+values; in between, the futures drawn last are aged by the iterations done since.
 
-A power law describes the regime after the initial transient (many curves first stay flat, then rise
-steeply): the fit uses the iterations from the steepest improvement of the moving average (window
-``max(3, n/10)``) on, when at least ``min_points`` remain. The iteration where the curve reaches a
-target ``T`` solves ``T = c + a·n^(−α)``::
-
-    n* = ((T − c) / a)^(−1/α)        defined only when (T − c)/a > 0
-
-otherwise the target lies beyond the fitted asymptote and no estimate is given; nor is one given when
-the fit is degenerate (``α`` at the lower end of its search range) or explains less than half of the
-variance (``R² < 0.5``). Time per iteration is an exponential moving average ``s ← β·x + (1 − β)·s``
-of measured iteration times (β = ``smoothing``).
+Progress is the share of the way to the first criterion expected to fire: ``n / (n + r)`` with ``r`` the
+target's estimate, or the budgets' share when they end training first (100 % once a budget stopped it);
+the remaining iterations and seconds stay the target's, so that a report of a budget stop says how much
+more the target would need. Time per iteration is an exponential moving average of measured
+iteration times (β = ``smoothing``).
 """
 
 from __future__ import annotations
@@ -29,107 +35,33 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.signal import lfilter
 
-_MAX_ITERATIONS = 1e9
-_ALPHA_MIN, _ALPHA_MAX = 0.02, 4.0
-_MIN_R2 = 0.5
+from sluice.control.curves import PowerLaw, fit_batch, fit_power_law, regime_start
+
+INTERVAL = (0.1, 0.9)
+"""The quantiles of the 80 % interval."""
+FIT_POINTS = 64
+"""The bootstrap refits use at most this many values of the curve (evenly thinned)."""
 
 
 @dataclass(frozen=True)
-class PowerLaw:
-    """Fitted ``y(n) = c + a·n^(−α)``; ``r2`` is the fraction of variance explained."""
+class EtaSettings:
+    """How the futures are drawn (see the module docstring)."""
 
-    c: float
-    a: float
-    alpha: float
-    r2: float
-    points: int
-
-    def __call__(self, n: float | np.ndarray) -> float | np.ndarray:
-        return self.c + self.a * np.power(n, -self.alpha)
-
-    def iterations_to(self, target: float) -> tuple[float | None, str]:
-        """Iteration count ``n*`` at which the curve reaches ``target``, or None with the reason."""
-        if self.a == 0:
-            return None, "the fitted curve is flat"
-        ratio = (target - self.c) / self.a
-        if ratio <= 0:
-            side = "above" if self.a < 0 else "below"
-            return None, (
-                f"target {target:.6g} is {side} the fitted asymptote {self.c:.6g}; "
-                "the metric is not expected to reach it"
-            )
-        n = ratio ** (-1.0 / self.alpha)
-        if not math.isfinite(n) or n > _MAX_ITERATIONS:
-            return None, f"target {target:.6g} would need more than {_MAX_ITERATIONS:.0e} iterations"
-        return n, ""
-
-
-def _grid_fit(
-    n: np.ndarray, y: np.ndarray, alphas: np.ndarray, bounds: tuple[float | None, float | None]
-) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
-    x = np.power(n[None, :], -alphas[:, None])  # (A, N)
-    xm = x.mean(axis=1, keepdims=True)
-    ym = y.mean()
-    dx = x - xm
-    sxx = (dx * dx).sum(axis=1)
-    sxy = (dx * (y - ym)[None, :]).sum(axis=1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        a = np.where(sxx > 0, sxy / sxx, 0.0)
-    c = ym - a * xm[:, 0]
-    xx = (x * x).sum(axis=1)
-    for bound, outside in ((bounds[0], lambda v, b: v < b), (bounds[1], lambda v, b: v > b)):
-        if bound is None:
-            continue
-        mask = outside(c, bound)
-        if mask.any():
-            a = np.where(mask, (x * (y - bound)[None, :]).sum(axis=1) / xx, a)
-            c = np.where(mask, bound, c)
-    sse = ((y[None, :] - c[:, None] - a[:, None] * x) ** 2).sum(axis=1)
-    return int(np.argmin(sse)), a, c, sse
-
-
-def fit_power_law(
-    ns: np.ndarray | list[float],
-    ys: np.ndarray | list[float],
-    bounds: tuple[float | None, float | None] = (None, None),
-) -> PowerLaw | None:
-    """Least-squares power-law fit with the asymptote kept in ``bounds``; None when fewer than 4 finite
-    points or ``y`` is constant."""
-    n = np.asarray(ns, dtype=np.float64)
-    y = np.asarray(ys, dtype=np.float64)
-    ok = np.isfinite(n) & np.isfinite(y) & (n > 0)
-    n, y = n[ok], y[ok]
-    if n.size < 4 or np.ptp(y) == 0 or np.ptp(n) == 0:
-        return None
-    alphas = np.geomspace(_ALPHA_MIN, _ALPHA_MAX, 64)
-    for _ in range(3):
-        i, a, c, sse = _grid_fit(n, y, alphas, bounds)
-        lo = alphas[max(i - 1, 0)]
-        hi = alphas[min(i + 1, alphas.size - 1)]
-        best = (float(alphas[i]), float(a[i]), float(c[i]), float(sse[i]))
-        alphas = np.geomspace(lo, hi, 24)
-    alpha, av, cv, sv = best
-    syy = float(((y - y.mean()) ** 2).sum())
-    r2 = 1.0 - sv / syy if syy > 0 else 0.0
-    return PowerLaw(c=cv, a=av, alpha=alpha, r2=r2, points=int(n.size))
-
-
-def regime_start(ys: np.ndarray, mode: str) -> int:
-    """Index from which the curve is past its steepest improvement (moving average of ``max(3, n/10)``)."""
-    n = ys.size
-    k = max(3, n // 10)
-    if n < k + 2:
-        return 0
-    smooth = np.convolve(ys, np.ones(k) / k, mode="valid")
-    gain = np.diff(smooth) * (1.0 if mode == "max" else -1.0)
-    return int(np.argmax(gain)) + k // 2
+    samples: int = 48
+    refresh: int = 16
+    noise_scale: float = 1.0
+    horizon_factor: float = 4.0
+    min_horizon: int = 100
 
 
 @dataclass(frozen=True)
 class Estimate:
-    """Progress (% of the way to a result) and the remaining iterations and seconds, each None with
-    ``note`` saying why when it cannot be estimated."""
+    """Progress (% of the way to the first criterion expected to fire), and the iterations and seconds the
+    target still needs (without a target: what the budgets leave), with the 80 % interval of the iterations
+    and the probability of meeting the target within the horizon; each None with ``note`` saying why when
+    it cannot be estimated."""
 
     progress_percent: float | None
     remaining_iterations: int | None
@@ -137,14 +69,62 @@ class Estimate:
     note: str
     seconds_per_iteration: float | None
     fit: PowerLaw | None = None
+    remaining_low: int | None = None
+    remaining_high: int | None = None
+    reach_probability: float | None = None
+
+
+def _blocks(rng: np.random.Generator, count: int, length: int, block: int) -> np.ndarray:
+    """``count`` rows of ``length`` indices into ``[0, length)`` made of random blocks of ``block``."""
+    starts = rng.integers(0, length - block + 1, size=(count, -(-length // block)))
+    return (starts[:, :, None] + np.arange(block)).reshape(count, -1)[:, :length]
+
+
+def _first_passes(ysim: np.ndarray, passed: np.ndarray, target: float, mode: str, patience: int) -> np.ndarray:
+    """Index of the first future evaluation where the threshold has held ``patience`` times, counting the
+    last ``patience − 1`` observed ones (``passed``); −1 where none does."""
+    ok = ysim >= target if mode == "max" else ysim <= target
+    lead = np.broadcast_to(passed[-(patience - 1):] if patience > 1 else passed[:0], (ok.shape[0], patience - 1))
+    both = np.concatenate([lead, ok], axis=1).astype(np.int32)
+    cs = np.concatenate([np.zeros((both.shape[0], 1), np.int32), np.cumsum(both, axis=1)], axis=1)
+    fired = (cs[:, patience:] - cs[:, :-patience]) == patience  # window ending at each future evaluation
+    return np.where(fired.any(axis=1), fired.argmax(axis=1), -1)
+
+
+def simulate(ns: np.ndarray, ys: np.ndarray, *, now: int, target: float, mode: str, patience: int,
+             horizon: int, bounds: tuple[float | None, float | None], settings: EtaSettings
+             ) -> tuple[np.ndarray, PowerLaw] | None:
+    """Remaining iterations until the target fires in each simulated future (inf beyond ``horizon``) and the
+    central fit; None when the curve cannot be fitted (constant, too few values)."""
+    fit = fit_power_law(ns, ys, bounds)
+    if fit is None:
+        return None
+    resid = ys - fit(ns)
+    m = resid.size
+    sigma = float(resid.std(ddof=min(3, m - 1))) * settings.noise_scale
+    rho = float(np.clip(np.corrcoef(resid[:-1], resid[1:])[0, 1], 0.0, 0.95)) if m > 3 and resid.std() > 0 else 0.0
+    rng = np.random.default_rng(m)
+    thin = -(-m // FIT_POINTS)  # the refits see at most FIT_POINTS values: every thin-th
+    tn, tr = ns[::thin], resid[::thin]
+    block = int(np.clip(round((1 + rho) / (1 - rho) / thin), 1, max(1, tr.size // 2)))
+    c, a, alpha = fit_batch(tn, fit(tn)[None, :] + tr[_blocks(rng, settings.samples, tr.size, block)], bounds)
+    step = max(1.0, float(np.median(np.diff(ns[-8:])))) if m > 1 else 1.0  # iterations per evaluation
+    future = ns[-1] + step * np.arange(1, max(2, math.ceil((now + horizon - ns[-1]) / step)) + 1)
+    mean = c[:, None] + a[:, None] * np.exp(-alpha[:, None] * np.log(future)[None, :])
+    z = rng.standard_normal(mean.shape) * sigma * math.sqrt(1 - rho * rho)
+    noise = lfilter([1.0], [1.0, -rho], z, axis=1, zi=np.full((mean.shape[0], 1), rho * resid[-1]))[0]
+    passed = ys >= target if mode == "max" else ys <= target
+    first = _first_passes(mean + noise, passed, target, mode, patience)
+    remaining = np.where(first >= 0, future[np.maximum(first, 0)] - now, np.inf)
+    return np.where(remaining <= horizon, np.maximum(remaining, 1.0), np.inf), fit
 
 
 class Estimator:
     """Keeps the history of one metric and iteration times; answers :meth:`estimate` on demand.
 
     ``target`` (with ``mode`` ``"max"``/``"min"``) is the result being trained for; it counts as reached
-    once the curve has passed it for ``patience`` iterations (``n* + patience − 1``). Without a target,
-    the budgets (``iteration_budget``, ``time_budget_s``) define the end of training.
+    once the metric has passed it for ``patience`` consecutive evaluations. The budgets
+    (``iteration_budget``, ``time_budget_s``) end training too.
     """
 
     def __init__(
@@ -158,13 +138,16 @@ class Estimator:
         smoothing: float = 0.3,
         min_points: int = 4,
         bounds: tuple[float | None, float | None] = (None, None),
+        settings: EtaSettings | None = None,
     ) -> None:
         self.metric, self.target, self.mode, self.patience = metric, target, mode, max(1, patience)
         self.iteration_budget, self.time_budget_s = iteration_budget, time_budget_s
         self.smoothing, self.min_points, self.bounds = smoothing, min_points, bounds
+        self.settings = settings or EtaSettings()
         self.ns: list[float] = []
         self.ys: list[float] = []
         self.spi: float | None = None
+        self._memo: tuple[int, int, tuple[np.ndarray, PowerLaw, int] | str] | None = None
 
     def add(self, n: int, metrics: dict[str, float], seconds: float) -> None:
         """Record iteration ``n`` (1-based count) with its metrics and duration."""
@@ -194,46 +177,79 @@ class Estimator:
         prog = min(100.0, 100.0 * max(fracs)) if fracs else None
         return prog, rem_i, rem_s
 
+    def _seconds(self, iterations: int | None) -> float | None:
+        return None if iterations is None or self.spi is None else iterations * self.spi
+
     def estimate(self, n: int, elapsed_s: float, reached: bool = False) -> Estimate:
         """Estimate after ``n`` iterations and ``elapsed_s`` seconds; ``reached`` = the result is obtained."""
         if reached:
-            return Estimate(100.0, 0, 0.0, "result obtained", self.spi, None)
+            return Estimate(100.0, 0, 0.0, "result obtained", self.spi, None, 0, 0, 1.0)
+        b_prog, b_rem, b_s = self._budget(n, elapsed_s)
         if self.target is None:
-            prog, rem_i, rem_s = self._budget(n, elapsed_s)
-            if prog is None:
+            if b_prog is None:
                 return Estimate(None, None, None, "no target and no budget to measure progress against",
                                 self.spi, None)
             note = "from the iteration/time budget (no performance target)"
-            if rem_s is None:
+            if b_s is None:
                 note += "; no iteration time measured yet"
-            return Estimate(prog, rem_i, rem_s, note, self.spi, None)
+            return Estimate(b_prog, b_rem, b_s, note, self.spi, None, b_rem, b_rem)
+        target = self._futures(n)
+        if isinstance(target, str):
+            return self._budget_only(b_prog, b_rem, target)
+        samples, fit, horizon = target
+        p = float(np.isfinite(samples).mean())
+        lo, mid, hi = np.quantile(samples, [INTERVAL[0], 0.5, INTERVAL[1]], method="inverted_cdf")
+        shape = f"{self.metric} ≈ {fit.c:.4g} + {fit.a:.4g}·n^-{fit.alpha:.3g}"
+        if not math.isfinite(mid):
+            note = (f"target {self.target:g} is not expected within {horizon} more iterations (probability "
+                    f"{p:.0%}; {shape})")
+            e = self._budget_only(b_prog, b_rem, note)
+            return Estimate(e.progress_percent, e.remaining_iterations, e.remaining_s, e.note, self.spi, fit,
+                            int(lo) if math.isfinite(lo) else None, None, p)
+        rem = int(round(mid))
+        note = (f"target {self.target:g} expected in {rem} iterations (80 % interval {int(lo)}–"
+                + (f"{int(hi)}" if math.isfinite(hi) else f"over {horizon}") + f"; {shape})")
+        prog = 100.0 * n / (n + rem)
+        if b_rem is not None and b_rem < rem:
+            note += f"; the budget ends training {rem - b_rem} iterations earlier"
+            prog = max(b_prog or 0.0, 100.0 * n / (n + b_rem) if n + b_rem else 100.0)
+        return Estimate(prog, rem, self._seconds(rem), note, self.spi, fit, int(lo),
+                        int(hi) if math.isfinite(hi) else None, p)
+
+    def _futures(self, n: int) -> tuple[np.ndarray, PowerLaw, int] | str:
+        """:meth:`_target`, simulated again once the curve has ``1/refresh`` more values than at the last
+        simulation (or has a first one); in between, the last futures less the iterations done since, without
+        those in which the target would already have fired."""
+        m = len(self.ns)
+        if self._memo is not None:
+            m0, n0, out = self._memo
+            if m - m0 < max(1, m0 // self.settings.refresh) and not isinstance(out, str):
+                left = out[0] - (n - n0)
+                alive = left[left >= 1]
+                if alive.size * 2 >= left.size:
+                    return alive, out[1], out[2] - (n - n0)
+        self._memo = m, n, self._target(n)
+        return self._memo[2]
+
+    def _target(self, n: int) -> tuple[np.ndarray, PowerLaw, int] | str:
+        """The simulated remaining iterations, the fit and the horizon; or why there are none."""
         if len(self.ns) < self.min_points:
-            return Estimate(None, None, None, f"{len(self.ns)} values of {self.metric} so far; "
-                            f"the learning curve needs {self.min_points}", self.spi, None)
+            return (f"{len(self.ns)} values of {self.metric} so far; the learning curve needs "
+                    f"{self.min_points}")
         ys = np.asarray(self.ys)
         start = regime_start(ys, self.mode)
         if len(ys) - start < self.min_points:
             start = 0
-        fit = fit_power_law(self.ns[start:], ys[start:], self.bounds)
-        if fit is None:
-            return Estimate(None, None, None, f"{self.metric} has not changed; no learning curve to fit",
-                            self.spi, None)
-        if (fit.a < 0) != (self.mode == "max"):
-            return Estimate(None, None, None, f"{self.metric} is not improving (fitted trend goes the "
-                            "wrong way)", self.spi, fit)
-        if fit.alpha <= _ALPHA_MIN * 1.01 or fit.r2 < _MIN_R2:
-            why = (f"fitted exponent at the search bound {_ALPHA_MIN}" if fit.r2 >= _MIN_R2
-                   else f"the fit explains {fit.r2:.0%} of its variance, under {_MIN_R2:.0%}")
-            return Estimate(None, None, None, f"{self.metric} does not follow a power law yet ({why})",
-                            self.spi, fit)
-        n_star, why = fit.iterations_to(self.target)
-        if n_star is None:
-            return Estimate(None, None, None, why, self.spi, fit)
-        rem_i = max(math.ceil(n_star) - n, 1) + self.patience - 1
-        rem_s = rem_i * self.spi if self.spi is not None else None
-        note = (f"{self.metric} ≈ {fit.c:.4g} + {fit.a:.4g}·n^-{fit.alpha:.3g} (R²={fit.r2:.3f}); "
-                f"target {self.target:g} expected at iteration {math.ceil(n_star)}")
-        _, b_rem, _ = self._budget(n, elapsed_s)
-        if b_rem is not None and b_rem < rem_i:
-            note += f"; the budget ends {rem_i - b_rem} iterations earlier"
-        return Estimate(100.0 * n / (n + rem_i), rem_i, rem_s, note, self.spi, fit)
+        s = self.settings
+        horizon = max(s.min_horizon, math.ceil(s.horizon_factor * n))
+        out = simulate(np.asarray(self.ns[start:]), ys[start:], now=n, target=float(self.target), mode=self.mode,
+                       patience=self.patience, horizon=horizon, bounds=self.bounds, settings=s)
+        if out is None:
+            return f"{self.metric} has not changed; no learning curve to fit"
+        return out[0], out[1], horizon
+
+    def _budget_only(self, prog: float | None, rem: int | None, why: str) -> Estimate:
+        """No target estimate (``why``): progress and what remains by the budgets, when there are any."""
+        if prog is None:
+            return Estimate(None, None, None, why, self.spi, None)
+        return Estimate(prog, None, None, f"{why}; the budget leaves {rem} iterations", self.spi)

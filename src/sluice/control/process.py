@@ -245,6 +245,16 @@ class TrainingProcess:
         reached = self.report is not None and self.report.cause == Cause.CRITERION_MET
         return self.estimator.estimate(self.n, self.elapsed_s, reached=reached)
 
+    def estimate_record(self) -> dict[str, Any]:
+        """The estimate as a ``metrics.jsonl`` line carries it: ``remaining_iterations`` with
+        ``remaining_iterations_low`` / ``_high`` (the 80 % interval), ``reach_probability`` and
+        ``progress_percent``; ``remaining_reason`` says why when there is no estimate."""
+        e = self.estimate()
+        out = {"remaining_iterations": e.remaining_iterations, "remaining_iterations_low": e.remaining_low,
+               "remaining_iterations_high": e.remaining_high, "reach_probability": e.reach_probability,
+               "progress_percent": e.progress_percent}
+        return out if e.remaining_iterations is not None else {**out, "remaining_reason": e.note}
+
     def progress_status(self) -> dict[str, Any]:
         """Live status: the TS 28.105 ``ProcessMonitor`` fields (``status``, ``progressPercentage``,
         ``progressStateInfo``, ``resultStateInfo``) plus iterations done, active training time, the latest
@@ -261,6 +271,9 @@ class TrainingProcess:
             "metrics": dict(self.latest),
             "progress_percent": e.progress_percent,
             "estimated_remaining_iterations": e.remaining_iterations,
+            "estimated_remaining_iterations_low": e.remaining_low,
+            "estimated_remaining_iterations_high": e.remaining_high,
+            "reach_probability": e.reach_probability,
             "estimated_remaining_s": e.remaining_s,
             "estimate_note": e.note,
             "bytes_up": self.bytes_up,
@@ -440,7 +453,9 @@ class TrainingProcess:
             requirements_met=self._requirements_met(),
             duration_s=self.elapsed_s, iterations=self.n, progress_percent=e.progress_percent,
             estimated_remaining_s=e.remaining_s, estimated_remaining_iterations=e.remaining_iterations,
-            estimate_note=e.note, model_path=model_path, bytes_up=self.bytes_up, bytes_down=self.bytes_down,
+            estimated_remaining_iterations_low=e.remaining_low, estimated_remaining_iterations_high=e.remaining_high,
+            reach_probability=e.reach_probability, estimate_note=e.note, model_path=model_path,
+            bytes_up=self.bytes_up, bytes_down=self.bytes_down,
             resources_peak=dict(self.peak), awaited_data=self.awaited, data_refused=list(self.data_refused),
         )
 

@@ -49,6 +49,12 @@ class TrainingReport(BaseModel):
     progress_percent: float | None = None
     estimated_remaining_s: float | None = None
     estimated_remaining_iterations: int | None = None
+    estimated_remaining_iterations_low: int | None = Field(None, description="80 % interval of the iterations the "
+                                                          "target still needs: low end")
+    estimated_remaining_iterations_high: int | None = Field(None, description="… high end (None: beyond the "
+                                                           "horizon the estimate looked at)")
+    reach_probability: float | None = Field(None, description="probability of meeting the target within the "
+                                            "estimate's horizon")
     estimate_note: str = ""
     model_path: str | None = None
     bytes_up: int = 0
@@ -110,7 +116,11 @@ class TrainingReport(BaseModel):
             ("iterations", str(self.iterations)),
             ("duration", num(self.duration_s, ".2f", " s")),
             ("progress", num(self.progress_percent, ".1f", " %")),
-            ("est. remaining iterations", num(self.estimated_remaining_iterations, "d")),
+            ("est. remaining iterations", num(self.estimated_remaining_iterations, "d") + (
+                "" if not self.estimated_remaining_iterations or self.estimated_remaining_iterations_low is None
+                else f" (80 %: {self.estimated_remaining_iterations_low}–"
+                     + ("…" if self.estimated_remaining_iterations_high is None
+                        else f"{self.estimated_remaining_iterations_high}") + ")")),
             ("est. remaining time", num(self.estimated_remaining_s, ".1f", " s")),
         ]
         if self.estimate_note:
