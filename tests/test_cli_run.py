@@ -81,17 +81,17 @@ def test_budget_before_target_exits_3_with_an_honest_report(tmp_path: Path) -> N
 
 
 def test_status_is_rewritten_every_round(tmp_path: Path, monkeypatch) -> None:
-    from sluice.cli import common
+    from sluice import training
 
     out = tmp_path / "st"
     seen: list[dict] = []
-    write = common.write_status
+    write = training.write_status
 
     def spy(run, proc) -> None:
         write(run, proc)
         seen.append(json.loads((run.path / "status.json").read_text()))
 
-    monkeypatch.setattr(common, "write_status", spy)
+    monkeypatch.setattr(training, "write_status", spy)
     assert main(["run", "--out", str(out), *FAST]) == 0
     running = [s for s in seen if s["status"] == "RUNNING" and s["iterations"] > 0]
     assert [s["iterations"] for s in running] == [1, 2, 3, 4]

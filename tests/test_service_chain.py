@@ -167,3 +167,51 @@ def test_a_restored_chain_follows_its_requests_and_creates_none() -> None:
     finally:
         again.stop()
     assert again.producers[0].client is None
+
+
+def _sub_request(srv, name: str) -> dict:
+    tree = srv.get(srv.function, scopeType="BASE_NTH_LEVEL", scopeLevel=1, filter="MLTrainingRequest")
+    (req,) = [r for r in tree.get("MLTrainingRequest", []) if r["id"].endswith(f"-{name}")]
+    return req
+
+
+@pytest.mark.parametrize("restart_cross", [False, True], ids=["cross-running", "cross-restarted"])
+def test_a_killed_producer_that_comes_back_has_its_request_cancelled(tmp_path, restart_cross):
+    """west is killed -9 while the chain trains: the chain fails, and when west comes back on the same port
+    and database (its request resumes training there) the chain's service cancels it — also when the chain's
+    own service was itself killed and restarted in between (what is still to cancel is in its store)."""
+    started = []
+    try:
+        east = start_server(tmp_path, name="east4")
+        started.append(east)
+        west = start_server(tmp_path, name="west4")
+        started.append(west)
+        args = _producer_args({"east": east.port, "west": west.port}, timeout_s=1.0)
+        cross = start_server(tmp_path, name="cross4", extra=args)
+        started.append(cross)
+        job = _chain_job(100_000, producer_timeout_s=3.0)
+        checked(cross.http.put(cross.req("C4"), json=request_body("C4", job, termination={"iterations": 100_000},
+                                                                  decided_by="consumer")), 201)
+        cross.wait_for(cross.proc_uri(cross.process_of("C4")["id"]), lambda p: any(
+            c["id"] == "sluice-status" and c["attributes"]["vsData"].get("iterations", 0) >= 1
+            for c in p["VsDataContainer"]), timeout=120)
+        sub = _sub_request(west, "west")["id"]
+        stop_server(west, kill=True)
+        cross.wait_status("C4", ("FAILED", "CANCELLED", "FINISHED"), timeout=60)
+        east.wait_status(_sub_request(east, "east")["id"], ("CANCELLED",), timeout=30)
+        if restart_cross:
+            stop_server(cross, kill=True)
+        west = start_server(tmp_path, name="west4", port=west.port, db=west.db)
+        started.append(west)
+        if restart_cross:
+            # west resumed the request: it trains again until someone cancels it
+            west.wait_for(west.proc_uri(west.process_of(sub)["id"]), lambda p: p["attributes"]["progressStatus"][
+                "status"] == "RUNNING" and p["attributes"]["progressStatus"]["progressStateInfo"] != "RESUMING",
+                timeout=120)
+            cross = start_server(tmp_path, name="cross4", port=cross.port, db=cross.db, extra=args)
+            started.append(cross)
+        west.wait_status(sub, ("CANCELLED",), timeout=90)
+        assert west.process_of(sub)["attributes"]["progressStatus"]["status"] == "CANCELLED"
+    finally:
+        for s in started:
+            stop_server(s)

@@ -12,8 +12,9 @@ from typing import Any
 
 from rich.console import Console
 
-from sluice.cli.common import add_config_arguments, report_table, run_job
+from sluice.cli.common import add_config_arguments
 from sluice.errors import DataError
+from sluice.training import report_table, train_local
 
 # ------------------------------------------------------------------------------------------- sluice local
 
@@ -22,26 +23,6 @@ def _local(args: argparse.Namespace) -> int:
     from sluice.jobs import load_job
 
     return train_local(load_job("local", args.config, args.overrides), args.out, Console())
-
-
-def train_local(job: Any, out: str | None, console: Console) -> int:
-    """Train a ``local`` job into run directory ``out``; the exit status."""
-    engine = job.build()
-
-    def plot(records: list[dict[str, Any]], run_dir: Path) -> None:
-        """A scenario's type-specific errors against the iteration (nothing for the embedded datasets)."""
-        from sluice.plots import plot_metrics
-
-        plot_metrics(records, run_dir, list(engine.metric_fns), key="iteration", bytes_axis=False)
-
-    def summarize(history: Any, engine: Any, wall: float) -> dict[str, Any]:
-        """``summary.json``: the last value of each test metric, the iterations, the time and the model size."""
-        last = history.records[-1] if history.records else {}
-        return {**{f"final_{k}": v for k, v in last.items() if k.startswith("test_") or k in engine.metric_fns},
-                "iterations": len(history.records), "wall_seconds": round(wall, 3), "num_params": engine.num_params}
-
-    return run_job(job, out, console=console, unit="iteration", prefix="local", plot=plot, engine=engine,
-                   summarize=summarize)
 
 
 # ------------------------------------------------------------------------------------------- data / report
@@ -53,7 +34,7 @@ _ENDED = ("FINISHED", "FAILED", "CANCELLED")
 def _engine_data(kind: str, data: dict[str, Any]) -> Any:
     """What a run of engine ``kind`` hands its engine for an inbox file (the run's inbox adapter)."""
     if kind == "hfl":
-        from sluice.cli.run import inbox_item
+        from sluice.training import inbox_item
 
         return inbox_item(data)
     if "client" in data:
@@ -152,7 +133,7 @@ def _report(args: argparse.Namespace) -> int:
         report = TrainingReport.model_validate_json(path.read_text(encoding="utf-8"))
     except ValueError as exc:
         raise DataError(f"{path} is not a training report: {exc}") from exc
-    if args.json:
+    if args.json or args.three_gpp:
         print(json.dumps(threegpp.training_report(report) if args.three_gpp else report.to_json(), indent=2))
     else:
         Console().print(report_table(report, f"Training report — {args.run_dir}"))
@@ -199,5 +180,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("run_dir")
     r.add_argument("--json", action="store_true", help="print JSON instead of a table")
     r.add_argument("--3gpp", dest="three_gpp", action="store_true",
-                   help="with --json: as a TS 28.105 MLTrainingReport")
+                   help="print the report as a TS 28.105 MLTrainingReport (JSON)")
     r.set_defaults(func=_report)

@@ -20,9 +20,10 @@ from typing import Any
 
 from rich.console import Console
 
-from sluice.cli.common import add_config_arguments, mb, run_job
+from sluice.cli.common import add_config_arguments
 from sluice.errors import ConfigError
 from sluice.runs import new_run_path
+from sluice.training import mb, run_job
 
 
 def register(sub: argparse._SubParsersAction) -> None:

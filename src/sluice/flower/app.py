@@ -1,6 +1,6 @@
 """The Flower App: ``server_app`` runs the Sluice job under the control plane, ``client_app`` is one terminal.
 
-The ServerApp's main loop is :func:`sluice.cli.common.run_job` over a :class:`FlowerEngine`: the same
+The ServerApp's main loop is :func:`sluice.training.run_job` over a :class:`FlowerEngine`: the same
 ``[termination]``, ``[requirements]``, ``report.json``, ``status.json``, ``metrics.jsonl`` and plots as
 ``sluice run``, written into the run configuration's ``out-dir`` on the SuperLink's host. A criterion that
 fires returns from ``main``, which ends the Flower run at that round.
@@ -40,12 +40,11 @@ def main(grid: Grid, context: Context) -> None:
     """Train the run configuration's job; its report lands in ``out-dir``."""
     from rich.console import Console
 
-    from sluice.cli.common import run_job
-    from sluice.cli.run import summarize
     from sluice.errors import SluiceError
     from sluice.flower.engine import FlowerEngine
     from sluice.jobs import job_from_dict
     from sluice.plots import plot_accuracy
+    from sluice.training import run_job, summarize_hfl
 
     rc = {**P.RUN_CONFIG_DEFAULTS, **dict(context.run_config)}
     out = str(rc["out-dir"]) or None
@@ -57,7 +56,7 @@ def main(grid: Grid, context: Context) -> None:
                               link_timeout_s=float(rc["link-timeout"]), node_wait_s=float(rc["node-wait"]),
                               min_nodes=int(rc["min-nodes"]) or None, poll_s=float(rc["poll-interval"]))
         console = Console(file=sys.stdout, force_terminal=False, width=140)
-        code = run_job(job, out, console=console, unit="round", prefix="run", summarize=summarize,
+        code = run_job(job, out, console=console, unit="round", prefix="run", summarize=summarize_hfl,
                        plot=plot_accuracy, engine=engine)
         console.print(f"sluice: training finished, exit status {code}")
     except (SluiceError, ValueError) as exc:

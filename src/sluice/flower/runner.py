@@ -251,8 +251,8 @@ def _write_flower_counts(out: Path, home: Path, run_id: int, console: Console) -
 
 
 def _show(report: dict[str, Any], out: Path, console: Console) -> int:
-    from sluice.cli.common import report_table
     from sluice.control import TrainingReport
+    from sluice.training import report_table
 
     parsed = TrainingReport.model_validate(report)
     console.print(report_table(parsed, f"Training report — {out}"))

@@ -80,6 +80,9 @@ class ChainConfig(Section):
     model: dict[str, Any] = Field(default_factory=dict, description="only the identity (id, version, type)")
     endpoints: dict[str, ProducerEndpoint] = Field(default_factory=dict,
                                                    description="filled in by the service from [producers]")
+    chain_id: str | None = Field(None, pattern=r"^chain-[A-Za-z0-9_.\-~:]+$",
+                                 description="filled in by the service from the chain's process (its producers' "
+                                 "requests are <chain_id>-<producer>); None: a random one")
 
     @field_validator("producers")
     @classmethod
@@ -136,7 +139,7 @@ class ChainEngine:
         self.cfg = cfg
         self.clock, self.sleep = clock, sleep
         self.producers = [_Producer(n, cfg.endpoints[n]) for n in cfg.producers]
-        self.chain_id = f"chain-{uuid.uuid4().hex[:10]}"
+        self.chain_id = cfg.chain_id or f"chain-{uuid.uuid4().hex[:10]}"
         self.k = 0
         self.termination: dict[str, Any] | None = None
         self.requirements: dict[str, Any] | None = None

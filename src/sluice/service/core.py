@@ -88,6 +88,8 @@ class TrainingService:
         self.prober = Prober(self.supervisor.ctx)
         self._last_progress: dict[str, float] = {}
         self._policy_lock = threading.Lock()
+        from sluice.service.chain_cancels import ChainCancels  # the producers' requests of ended chains
+        self.chain_cancels = ChainCancels(self.store, cfg.producers)
 
     def href(self, ldn: str) -> str:
         return f"{self.public_url}{self.cfg.base_path}/{ldn}"
@@ -105,11 +107,13 @@ class TrainingService:
             self._recover(tx)
         self.outbox.start()
         self.supervisor.start()
+        self.chain_cancels.start()
         return self
 
     def stop(self) -> None:
         self.supervisor.stop()
         self.outbox.stop()
+        self.chain_cancels.stop()
         self.db.dispose()
 
     def _recover(self, tx: Tx) -> None:
@@ -976,6 +980,7 @@ class TrainingService:
             if i["kind"] == "chain":
                 raw["endpoints"] = {n: self.cfg.producers[n].model_dump() for n in raw.get("producers", [])
                                     if n in self.cfg.producers}
+                raw.update(self.chain_cancels.fields(proc))
             return {"process": proc.dn, "kind": i["kind"], "raw": raw,
                     "termination": i.get("termination"), "requirements": i.get("requirements"),
                     "uploads": uploads, "progress_interval_s": self.cfg.progress_interval_s,
