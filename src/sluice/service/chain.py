@@ -28,7 +28,8 @@ those of any other process:
 * a producer whose process fails ends the chain at once with that producer's cause and reason; one that
   cannot be reached for ``producer_timeout_s`` seconds (or that lost the request: HTTP 404) ends it with
   ``ENGINE_FAILURE`` naming the producer, its URI and the last error. The other producers' requests are
-  cancelled, so no training is left running behind a chain that ended;
+  cancelled, so no training is left running behind a chain that ended; a producer that cannot be reached
+  then is asked again by the chain's service until it acknowledges (:mod:`sluice.service.chain_cancels`);
 * ``suspend``/``resume`` are passed to every producer; ``save`` cancels producers still training (a
   criterion of the chain fired first), waits for their reports and writes one zip file holding each
   producer's model and a ``chain.json`` manifest of where each came from and how it ended;
