@@ -46,6 +46,11 @@ if TYPE_CHECKING:
 
 
 # ------------------------------------------------------------------------------------------------ specs
+OPERATIONAL_METRICS = frozenset({"participants", "dropped", "resynced", "nodes", "flower_bytes_up",
+                                 "flower_bytes_down", "idle_leader_s"})
+"""Metrics the engines report about the run (who took part, bytes, idle time), not about the model."""
+
+
 @dataclass(frozen=True)
 class MetricSpec:
     """A metric an engine reports: ``higher_is_better`` and the values it can take (None = unbounded)."""

@@ -16,6 +16,7 @@ from typing import Any
 
 from sluice.control.params import ModelIdentity, ProcessState, Requirements
 from sluice.control.report import TrainingReport
+from sluice.metrics import OPERATIONAL_METRICS
 
 VS_DATA_FORMAT_VERSION = "1"
 
@@ -73,11 +74,13 @@ def vs_data_container(data_type: str, data: dict[str, Any]) -> dict[str, Any]:
 
 def training_report(report: TrainingReport) -> dict[str, Any]:
     """An ``MLTrainingReport``: metrics named ``train*`` are training performance, the others validation
-    performance; every other report field goes into the ``VsDataContainer``."""
-    perf = model_performance(report.performance)
+    performance, except those about the run rather than the model (:data:`~sluice.metrics.OPERATIONAL_METRICS`:
+    participants, dropped...), which go with every other report field into the ``VsDataContainer``."""
+    perf = model_performance({k: v for k, v in report.performance.items() if k not in OPERATIONAL_METRICS})
     ext = report.to_json()
     for k in ("performance", "model"):
         ext.pop(k, None)
+    ext["run_metrics"] = {k: v for k, v in report.performance.items() if k in OPERATIONAL_METRICS}
     return {
         "mLModelGeneratedRef": report.model_path,
         "modelPerformanceTraining": [p for p in perf if p["performanceMetric"].startswith("train")],
