@@ -282,12 +282,13 @@ def test_a_request_recreated_under_a_deleted_id_gets_a_new_process(srv):
     checked(srv.http.put(srv.req("AGAIN"), json=request_body("AGAIN", decided_by="negotiated")), 201)
     first = srv.process_of("AGAIN")["id"]
     assert srv.http.delete(srv.req("AGAIN")).status_code == 204
-    checked(srv.http.put(srv.req("AGAIN"), json=request_body("AGAIN", decided_by="negotiated")), 201)
-    second = srv.process_of("AGAIN")["id"]
-    assert second != first
-    # data for the process of the deleted request: no retraining of a request that is gone
-    err = srv.patch(srv.proc_uri(first), data_body(samples(2)), (400, 409))
+    # the process went with its request: data for it retrains nothing
+    err = srv.patch(srv.proc_uri(first), data_body(samples(2)), 404)
     assert "type" in err
+    checked(srv.http.put(srv.req("AGAIN"), json=request_body("AGAIN", decided_by="negotiated")), 201)
+    second = srv.process_of("AGAIN")
+    assert second["attributes"]["progressStatus"]["progressStateInfo"] == "AWAITING_AGREEMENT"
+    assert "trainingReportRef" not in second["attributes"]  # nothing of the cancelled one is left
 
 
 def test_non_finite_and_deeply_nested_json_is_a_400_anywhere(srv):

@@ -79,7 +79,7 @@ def test_a_registered_task_trains_to_completion(srv):
     assert proc["attributes"]["progressStatus"]["status"] == "FINISHED", proc
     report = srv.get(srv.dn(proc["attributes"]["trainingReportRef"]))
     r = vs(report, "sluice-report")
-    assert r["iterations"] == 2 and r["model"]["id"] == "local-tiny"
+    assert r["iterations"] == 2 and r["model"]["id"] == "local-tiny-TR"  # the task as named, and the request
     blob = srv.http.get(srv.dn(report["attributes"]["mLModelGeneratedRef"]),
                         headers={"Accept": "application/octet-stream"})
     assert blob.status_code == 200 and len(blob.content) > 1000
@@ -96,7 +96,7 @@ def test_a_builtin_task_works(srv):
     proc = srv.process_of("TD")
     assert proc["attributes"]["progressStatus"]["status"] == "FINISHED", proc
     r = vs(srv.get(srv.dn(proc["attributes"]["trainingReportRef"])), "sluice-report")
-    assert r["iterations"] == 2 and r["model"]["id"] == "local-digits"
+    assert r["iterations"] == 2 and r["model"]["id"] == "local-digits-TD"
 
 
 def test_the_registry_is_checked_when_the_service_starts():
