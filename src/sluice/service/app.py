@@ -60,11 +60,10 @@ from sluice.service.nrm import (
     representation,
     select_fields,
 )
+from sluice.service.patching import MEDIA_TYPES, MERGE, THREE_GPP, apply_json_patch, check_merge_children
 from sluice.service.store import _filter_matches
 
-MERGE = "application/merge-patch+json"
-JSON_PATCH = ("application/json-patch+json", "application/3gpp-json-patch+json")
-GET_PARAMS = {"scope", "scopeType", "scopeLevel", "filter", "attributes", "fields"}
+GET_PARAMS = {"scope", "scopeType", "scopeLevel", "filter", "attributes", "fields", "dataNodeSelector"}
 METHODS = ["GET", "PUT", "PATCH", "POST", "DELETE"]
 MAX_JSON_DEPTH = 32
 ALLOWED = {"MLTrainingRequest": "GET, PUT, PATCH, DELETE", "NtfSubscriptionControl": "GET, PUT, PATCH, DELETE",
@@ -113,120 +112,31 @@ def _body(raw: bytes) -> Any:
     return doc
 
 
+def documented_methods(ldn: str) -> list[str]:
+    """The methods the served OpenAPI document declares for the path of ``ldn`` (none for a path it lacks)."""
+    import re
+
+    from sluice.service.schema import load_bundle
+
+    for template, item in load_bundle()["paths"].items():
+        if re.fullmatch(re.sub(r"\\{[^}]+\\}", "[^/]+", re.escape(template)), "/" + ldn):
+            return [m for m in METHODS if m.lower() in item]
+    return []
+
+
 def _allowed(path: str) -> str:
     """The ``Allow`` header of a 405 (RFC 9110 §15.5.6) for the MOI at URI ``path``: the methods its class takes."""
     cls = path.rstrip("/").rpartition("/")[2].partition("=")[0]
     return ALLOWED.get(cls, "GET")
 
 
-def _schema_check(cls: str, body: Any, partial: bool) -> None:
+def _schema_check(cls: str, body: Any, partial: bool, label: str | None = None) -> None:
     from sluice.service.schema import SchemaViolation, check_write
 
     try:
-        check_write(cls, body, partial=partial)
+        check_write(cls, body, partial=partial, label=label)
     except SchemaViolation as exc:
         raise MnSError(400, exc.message, bad_attributes=exc.bad_attributes or ["attributes"]) from exc
-
-
-# ------------------------------------------------------------------------------------------- JSON patch
-
-
-def _pointer(path: str) -> list[str]:
-    if path == "":
-        return []
-    if not path.startswith("/"):
-        raise MnSError(400, f"JSON pointer {path!r} must start with '/'", bad_attributes=[path])
-    return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
-
-
-def _walk(doc: Any, parts: list[str], path: str) -> tuple[Any, str]:
-    node = doc
-    for p in parts[:-1]:
-        if isinstance(node, dict) and p in node:
-            node = node[p]
-        elif isinstance(node, list) and p.isdigit() and int(p) < len(node):
-            node = node[int(p)]
-        else:
-            raise MnSError(400, f"JSON patch path {path!r} does not exist", bad_attributes=[path])
-    return node, parts[-1]
-
-
-def _get(doc: Any, path: str) -> Any:
-    parts = _pointer(path)
-    if not parts:
-        return doc
-    node, last = _walk(doc, parts, path)
-    if isinstance(node, dict) and last in node:
-        return node[last]
-    if isinstance(node, list) and last.isdigit() and int(last) < len(node):
-        return node[int(last)]
-    raise MnSError(400, f"JSON patch path {path!r} does not exist", bad_attributes=[path])
-
-
-def _add(doc: Any, path: str, value: Any, replace: bool) -> None:
-    parts = _pointer(path)
-    if not parts:
-        raise MnSError(400, "a JSON patch cannot replace the whole resource", bad_attributes=[path])
-    node, last = _walk(doc, parts, path)
-    if isinstance(node, dict):
-        if replace and last not in node:
-            raise MnSError(400, f"replace: {path!r} does not exist", bad_attributes=[path])
-        node[last] = value
-    elif isinstance(node, list):
-        if last == "-" and not replace:
-            node.append(value)
-        elif last.isdigit() and int(last) <= len(node) - (1 if replace else 0):
-            if replace:
-                node[int(last)] = value
-            else:
-                node.insert(int(last), value)
-        else:
-            raise MnSError(400, f"JSON patch index {last!r} out of range", bad_attributes=[path])
-    else:
-        raise MnSError(400, f"JSON patch path {path!r} does not exist", bad_attributes=[path])
-
-
-def _remove(doc: Any, path: str) -> Any:
-    parts = _pointer(path)
-    if not parts:
-        raise MnSError(400, "a JSON patch cannot remove or move the whole resource", bad_attributes=[path])
-    node, last = _walk(doc, parts, path)
-    if isinstance(node, dict) and last in node:
-        return node.pop(last)
-    if isinstance(node, list) and last.isdigit() and int(last) < len(node):
-        return node.pop(int(last))
-    raise MnSError(400, f"remove: {path!r} does not exist", bad_attributes=[path])
-
-
-def apply_json_patch(doc: Any, ops: Any) -> Any:
-    """RFC 6902 on a copy of ``doc``."""
-    if not isinstance(ops, list):
-        raise MnSError(400, "a JSON patch is an array of operations")
-    out = copy.deepcopy(doc)
-    for i, op in enumerate(ops):
-        if not isinstance(op, dict) or not isinstance(op.get("op"), str) or not isinstance(op.get("path"), str):
-            raise MnSError(400, f"JSON patch operation {i} needs op and path", bad_attributes=[f"/{i}"])
-        kind, path = op["op"], op["path"]
-        if kind in ("add", "replace", "test") and "value" not in op:
-            raise MnSError(400, f"JSON patch {kind} at {path!r} needs a value", bad_attributes=[path])
-        if kind == "add":
-            _add(out, path, op["value"], replace=False)
-        elif kind == "replace":
-            _add(out, path, op["value"], replace=True)
-        elif kind == "remove":
-            _remove(out, path)
-        elif kind == "test":
-            if _get(out, path) != op["value"]:
-                raise MnSError(409, f"JSON patch test failed at {path!r}", bad_attributes=[path])
-        elif kind in ("move", "copy"):
-            src = op.get("from")
-            if not isinstance(src, str):
-                raise MnSError(400, f"JSON patch {kind} needs from", bad_attributes=[path])
-            value = _remove(out, src) if kind == "move" else copy.deepcopy(_get(out, src))
-            _add(out, path, value, replace=False)
-        else:
-            raise MnSError(400, f"unknown JSON patch op {kind!r}", bad_attributes=[path])
-    return out
 
 
 # ------------------------------------------------------------------------------------------- the app
@@ -345,6 +255,9 @@ def create_app(cfg: ServiceConfig, public_url: str | None = None) -> FastAPI:
             raise MnSError(400, f"scopeType {scope_type!r} is not BASE_ONLY, BASE_NTH_LEVEL, BASE_SUBTREE or BASE_ALL",
                            bad_query_params=["scope"])
         flt = parse_filter(q.get("filter"))
+        selector = parse_filter(q.get("dataNodeSelector"), "dataNodeSelector")
+        if selector is not None and not {"scope", "scopeType", "scopeLevel"} & set(q):
+            scope_type = "BASE_ALL"  # the selector chooses among every node below the base
 
         def render(r: Any) -> dict[str, Any]:
             doc = representation(r, attributes=attributes)
@@ -355,8 +268,8 @@ def create_app(cfg: ServiceConfig, public_url: str | None = None) -> FastAPI:
             depth = None if scope_type == "BASE_ALL" else level
             base_depth = ldn.count("/")
             rows = sorted(service.subtree(ldn, depth, request.state.actor), key=lambda r: (r.dn.count("/"), r.seq))
-            chosen = {r.dn for r in rows if (flt is None or flt.matches(r, _filter_matches)) and (
-                scope_type != "BASE_NTH_LEVEL" or r.dn.count("/") - base_depth == level)}
+            chosen = {r.dn for r in rows if all(f is None or f.matches(r, _filter_matches) for f in (flt, selector))
+                      and (scope_type != "BASE_NTH_LEVEL" or r.dn.count("/") - base_depth == level)}
             needed = set(chosen)
             for dn in chosen:
                 up = dn.rpartition("/")[0]
@@ -446,24 +359,25 @@ def create_app(cfg: ServiceConfig, public_url: str | None = None) -> FastAPI:
 
     # ------------------------------------------------------------------ PATCH
     def patch(request: Request, ldn: str, raw: bytes) -> Response:
-        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if ctype != MERGE and ctype not in JSON_PATCH:
-            raise MnSError(415, f"PATCH takes {MERGE} or {', '.join(JSON_PATCH)}, not {ctype or 'no media type'}",
-                           bad_attributes=["Content-Type"])
         cls, parent = locate(ldn)
         row = service.get(ldn, request.state.actor)
-        if cls in PRODUCER_ONLY:
+        if cls in PRODUCER_ONLY:  # whatever the body and its media type: the method is not allowed here
             raise MnSError(405, f"{cls} is changed by the producer only", bad_objects=[ldn_to_dn(ldn)])
         if cls not in ("MLTrainingRequest", "MLTrainingProcess", "NtfSubscriptionControl"):
             raise MnSError(404, f"this producer manages no class {cls}", bad_objects=[ldn_to_dn(ldn)])
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype not in MEDIA_TYPES:
+            raise MnSError(415, f"PATCH takes {', '.join(MEDIA_TYPES)}, not {ctype or 'no media type'}",
+                           bad_attributes=["Content-Type"])
         body = _body(raw)
         writable_vs = {"MLTrainingRequest": ("sluice-job", "sluice-requirements", "sluice-termination",
                                              "sluice-negotiation"),
                        "MLTrainingProcess": ("sluice-termination", "sluice-requirements"),
                        "NtfSubscriptionControl": ()}[cls]
-        if ctype == MERGE:
+        if ctype in MERGE:
             if not isinstance(body, dict):
                 raise MnSError(400, "a merge patch is a JSON object {attributes: {...}, VsDataContainer: [...]}")
+            check_merge_children(body, ctype)
             if "id" in body and body["id"] != id_of(ldn):
                 raise MnSError(400, "the body's id differs from the id in the URI", bad_attributes=["id"])
             _schema_check(cls, body, partial=True)
@@ -474,7 +388,7 @@ def create_app(cfg: ServiceConfig, public_url: str | None = None) -> FastAPI:
             view = {"attributes": copy.deepcopy(row.attributes),
                     "VsDataContainer": [{"id": k, "attributes": {"vsData": copy.deepcopy(v)}}
                                         for k, v in row.vs_data.items() if k in writable_vs]}
-            new = apply_json_patch(view, body)
+            new = apply_json_patch(view, body, three_gpp=ctype in THREE_GPP)
             if not isinstance(new.get("attributes"), dict):
                 raise MnSError(400, "the patched resource has no attributes object", bad_attributes=["attributes"])
             old_attrs = row.attributes
@@ -483,7 +397,7 @@ def create_app(cfg: ServiceConfig, public_url: str | None = None) -> FastAPI:
             ro = sorted(k for k in [*changed, *removed] if k in READ_ONLY.get(cls, ()))
             if ro:
                 raise MnSError(400, f"read-only attributes of {cls}: {', '.join(ro)}", bad_attributes=ro)
-            _schema_check(cls, {"attributes": changed}, partial=True)
+            _schema_check(cls, {"attributes": changed}, partial=True, label="JSON Patch result")
             new_vs = read_vs(new, cls)
             old_vs = {k: v for k, v in row.vs_data.items() if k in writable_vs}
             vs = {k: v for k, v in new_vs.items() if old_vs.get(k) != v}
@@ -533,6 +447,9 @@ def create_app(cfg: ServiceConfig, public_url: str | None = None) -> FastAPI:
             raw = await request.body()
             handler = {"PUT": put, "POST": post, "PATCH": patch}[m]
             return await run_in_threadpool(handler, request, ldn, raw)
+        if m == "OPTIONS":  # what the served OpenAPI document declares for this path, no more
+            locate(ldn)
+            return Response(status_code=204, headers={"Allow": ", ".join(documented_methods(ldn))})
         raise MnSError(405, f"method {m} is not supported; use {', '.join(METHODS)}")
 
     return app

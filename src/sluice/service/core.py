@@ -343,12 +343,14 @@ class TrainingService:
 
     # ------------------------------------------------------------------ processes: create / negotiate
     def _history(self) -> Any:
-        from sluice.control.producer import RunHistory, RunRecord
+        from sluice.control.history import RunHistory, RunRecord, job_shape, reached_of
 
         hist = RunHistory()
         with self.store.read() as s:
             import sqlalchemy as sa
 
+            shapes = {id_of(p.dn): job_shape(p.internal.get("kind"), p.internal.get("raw"), p.internal.get(
+                "requirements")) for p in s.scalars(sa.select(MOI).where(MOI.object_class == "MLTrainingProcess"))}
             for row in s.scalars(sa.select(MOI).where(MOI.object_class == "MLTrainingReport").order_by(MOI.seq)):
                 r = row.vs_data.get("sluice-report") or {}
                 m = r.get("model") or {}
@@ -359,13 +361,15 @@ class TrainingService:
                                        iterations=int(r.get("iterations") or 0),
                                        duration_s=float(r.get("duration_s") or 0.0),
                                        performance={k: v for k, v in (r.get("performance") or {}).items()
-                                                    if _finite(v)}))
+                                                    if _finite(v)}, run_id=id_of(row.dn),
+                                       shape=shapes.get(id_of(row.dn)), reached=reached_of(r.get("criterion"))))
                 except (ValueError, TypeError):
                     continue
         return hist
 
     def _propose(self, job: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         from sluice.control.params import parse_model
+        from sluice.control.history import job_shape
         from sluice.control.producer import Producer
 
         def no_engine(*_: Any) -> Any:
@@ -375,7 +379,8 @@ class TrainingService:
             producer = Producer(self.cfg.training_function, no_engine, self.cfg.policy, self._history())
             req = parse_requirements(job["requirements"]) if job["requirements"] else None
             try:
-                prop = producer.propose(parse_model(job["model"]), req)
+                prop = producer.propose(parse_model(job["model"]), req,
+                                    shape=job_shape(job["kind"], job["raw"], job["requirements"]))
             except ConfigError as exc:  # a metric of the engine's own that the policy cannot judge
                 raise MnSError(400, f"the producer cannot propose parameters for this request: {exc}; send them "
                                "(decidedBy consumer)", bad_attributes=["VsDataContainer/sluice-negotiation"]) from exc
@@ -1079,6 +1084,9 @@ class TrainingService:
             info = "CANCELLING"
         result = st.get("resultStateInfo") or ""
         ps: dict[str, Any] = {"status": state, "progressStateInfo": info, "resultStateInfo": result}
+        started = proc.attributes["progressStatus"].get("startTime")  # TS 28.623 ProcessMonitor times
+        if started or state != "NOT_STARTED":
+            ps["startTime"] = started or now_iso()
         if st.get("progressPercentage") is not None:
             ps["progressPercentage"] = max(0, min(100, int(st["progressPercentage"])))
         vs_status = {k: v for k, v in st.items() if k not in ("progressStateInfo", "resultStateInfo", "status",
@@ -1143,11 +1151,13 @@ class TrainingService:
         if status not in ENDED:
             status = "FAILED"
         ps: dict[str, Any] = {"status": status, "progressStateInfo": status, "resultStateInfo": report.get("cause", "")}
-        pct = report.get("progress_percent")
+        pct = 100 if status == "FINISHED" else report.get("progress_percent")  # a finished process did it all
+        old_ps = proc.attributes.get("progressStatus", {})
         if pct is not None:
             ps["progressPercentage"] = max(0, min(100, int(pct)))
-        elif "progressPercentage" in proc.attributes.get("progressStatus", {}):
-            ps["progressPercentage"] = proc.attributes["progressStatus"]["progressPercentage"]
+        elif "progressPercentage" in old_ps:
+            ps["progressPercentage"] = old_ps["progressPercentage"]
+        ps.update({k: old_ps[k] for k in ("startTime",) if k in old_ps}, endTime=now_iso())
         attrs = {"progressStatus": ps, "trainingReportRef": ldn_to_dn(rep_ldn)}
         if model_ldn is not None:
             attrs["mLModelRef"] = ldn_to_dn(model_ldn)
@@ -1158,6 +1168,10 @@ class TrainingService:
                   estimated_remaining_s=report.get("estimated_remaining_s"),
                   bytes_up=report.get("bytes_up", st.get("bytes_up", 0)),
                   bytes_down=report.get("bytes_down", st.get("bytes_down", 0)))
+        if "performance" in report:  # the status shows what the report says, not the last progress stored
+            st.update(metrics=perf, elapsed_s=report.get("duration_s", st.get("elapsed_s")))
+        if "progressPercentage" in ps:
+            st["progress_percent"] = ps["progressPercentage"]
         self._set_process(tx, proc, attrs=attrs, vs={"sluice-status": st},
                           internal={"phase": "ended", "refused": refused, "ended_at": time.time(),
                                     "model": ident or proc.internal.get("model")})

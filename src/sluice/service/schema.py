@@ -209,13 +209,14 @@ def _unique(items: Iterable[str]) -> list[str]:
 # Public checks
 
 
-def check_write(class_name: str, body: Any, *, partial: bool = False) -> None:
+def check_write(class_name: str, body: Any, *, partial: bool = False, label: str | None = None) -> None:
     """Refuse a consumer's body for ``class_name`` that the bundle does not admit.
 
     ``partial=False``: a full representation for PUT/POST (``{"id", "attributes", "VsDataContainer"?}``), checked
     against ``<Class>-Single``. ``partial=True``: an RFC 7396 merge-patch document (``{"attributes": {...}}`` with
     some attributes), checked against ``<Class>-MergePatch``. In both cases an attribute the producer owns
-    (readOnly) or that the class does not define is an error. Raises ``SchemaViolation`` whose ``bad_attributes``
+    (readOnly) or that the class does not define is an error; ``label`` names the body in the message (default
+    ``merge patch`` or ``representation``). Raises ``SchemaViolation`` whose ``bad_attributes``
     are the offending attribute names (e.g. ``["requestStatus"]``).
     """
     if class_name not in WRITABLE_CLASSES:
@@ -227,7 +228,7 @@ def check_write(class_name: str, body: Any, *, partial: bool = False) -> None:
     if not errors:
         return
     bad = _unique(n for e in errors for leaf in _leaves(e) if (n := _attribute_name(leaf)) is not None)
-    kind = "merge patch" if partial else "representation"
+    kind = label or ("merge patch" if partial else "representation")
     raise SchemaViolation(f"invalid {class_name} {kind}: {_describe(errors)}", bad)
 
 
