@@ -50,6 +50,14 @@ def test_consumer_decides(digits) -> None:
         negotiate(p, MODEL, mode="whoever")  # type: ignore[arg-type]
 
 
+def _past(iterations: int, reached: dict[str, float], *, run_id: str, model_id: str = "fault-mlp",
+          shape: str | None = None) -> RunRecord:
+    metric = next(iter(reached), None)
+    return RunRecord(model_id=model_id, model_type=MODEL.type, version="1", cause=Cause.CRITERION_MET,
+                     fired=None if metric is None else f"performance.{metric}", iterations=iterations,
+                     duration_s=1.0, performance={}, run_id=run_id, shape=shape, reached=reached)
+
+
 def test_producer_decides_from_requirements_type_and_history(digits) -> None:
     hist = RunHistory()
     p = Producer("p", _factory(digits), ProducerPolicy(default_iterations=77), hist)
@@ -59,20 +67,62 @@ def test_producer_decides_from_requirements_type_and_history(digits) -> None:
     assert t.performance["test_accuracy"].threshold == 0.9
     assert t.training_time_s == 30
     assert t.plateau["test_accuracy"].patience == 20
-    # past runs of the same model needed 40 iterations -> 1.5 x 40
-    hist.add(RunRecord(model_id="fault-mlp", model_type=MODEL.type, version="1", cause=Cause.CRITERION_MET,
-                       fired="performance.test_accuracy", iterations=40, duration_s=1.0, performance={}))
-    assert p.decide(MODEL, req).iterations == 60
-    # another model of the same type learns from it; a model of another type does not
+    # a past run of the same model that reached test_accuracy 0.9 in 40 iterations -> 1.5 x 40
+    hist.add(_past(40, {"test_accuracy": 0.9}, run_id="P1"))
+    prop = p.propose(MODEL, req)
+    assert prop.termination.iterations == 60
+    assert any("P1" in why and "40 needed by 1 past run" in why for why in prop.rationale), prop.rationale
+    # another model (another engine, maybe another architecture) of the same type does not learn from it
     other = ModelIdentity(id="fault-2", type="fault_prediction")
-    assert p.decide(other, req).iterations == 60
-    assert p.decide(ModelIdentity(id="x", type="mobility_analysis"), req).iterations == 77
+    assert p.decide(other, req).iterations == 77
     # type-specific training error for coverage problem analysis (T4)
     cov = ModelIdentity(id="cov", type="coverage_problem_analysis")
     t = p.decide(cov, None)
     assert t.training_error.threshold == 0.05 and t.plateau.keys() == {"coverage_error"}
     with pytest.raises(NegotiationError, match="do not send"):
         negotiate(p, MODEL, req, mode="producer", termination={"iterations": 3})
+
+
+def test_history_counts_only_the_same_job_shape_and_a_compatible_target(digits) -> None:
+    """Issue 41: a run of another architecture, or one that aimed lower or at another metric, says nothing
+    about how long this request needs; the reason names the runs it used."""
+    from sluice.control.history import job_shape
+
+    job = {"data": {"dataset": "digits"}, "model": {"hidden": [16], "id": "a"}, "train": {"lr": 0.1}}
+    shape = job_shape("local", job)
+    # identity, seed, budgets and device do not change the shape; architecture, data, lr, compression do
+    same = {**job, "seed": 3, "model": {"hidden": [16], "id": "b", "version": "2"},
+            "train": {"lr": 0.1, "iterations": 500, "device": "cpu"}}
+    assert job_shape("local", same) == shape
+    for other in ({**job, "model": {"hidden": [64, 64]}}, {**job, "data": {"dataset": "mnist"}},
+                  {**job, "train": {"lr": 0.01}}, {**job, "compression": {"up": "topk"}}):
+        assert job_shape("local", other) != shape
+    assert job_shape("hfl", job) != shape
+    assert job_shape("local", job, {"layers": 1}) != shape
+    assert job_shape("local", job, {"performance": {"test_accuracy": 0.5}, "max_training_time_s": 9}) == shape
+
+    hist = RunHistory()
+    p = Producer("p", _factory(digits), ProducerPolicy(default_iterations=77), hist)
+    req = Requirements(performance={"test_accuracy": 0.9})
+    hist.add(_past(8, {"test_accuracy": 0.95}, run_id="OTHER-ARCH", shape=job_shape("local", {"model": {}})))
+    hist.add(_past(8, {"test_f1": 0.95}, run_id="OTHER-METRIC", shape=shape))
+    hist.add(_past(8, {"test_accuracy": 0.8}, run_id="LOWER", shape=shape))
+    hist.add(_past(8, {}, run_id="BUDGET", shape=shape))
+    prop = p.propose(MODEL, req, shape=shape)
+    assert prop.termination.iterations == 77
+    assert any("no past run of this job shape reached test_accuracy ≥ 0.9" in w for w in prop.rationale)
+    hist.add(_past(30, {"test_accuracy": 0.95}, run_id="R7-1", shape=shape))  # stricter: it passed 0.9
+    hist.add(_past(20, {"test_accuracy": 0.9}, run_id="R8-1", shape=shape, model_id="another-id"))
+    prop = p.propose(MODEL, req, shape=shape)
+    assert prop.termination.iterations == 45
+    (why,) = [w for w in prop.rationale if w.startswith("iterations")]
+    assert "R7-1" in why and "R8-1" in why and "2 past run(s)" in why, why
+    assert not any(x in why for x in ("OTHER", "LOWER", "BUDGET")), why
+    # a stricter request: runs that stopped at 0.9 or 0.95 do not tell how long 0.97 takes
+    assert p.propose(MODEL, Requirements(performance={"test_accuracy": 0.97}), shape=shape).termination \
+        .iterations == 77
+    # no goal at all: nothing to learn from
+    assert p.propose(MODEL, None, shape=shape).termination.iterations == 77
 
 
 def test_proposal_accepted_modified_or_rejected(digits) -> None:
@@ -223,3 +273,41 @@ def test_preflight_refuses_data_amounts_an_engine_cannot_apply() -> None:
     resp = p.request(TrainingRequest(model=MODEL, requirements=Requirements(data_amount=20),
                                      termination=Termination(iterations=2)))
     assert not resp.accepted and "cannot limit" in resp.reason and len(p.processes) == 0
+
+
+# --------------------------------------------------------------------------------- the service's proposals
+def test_the_service_proposes_from_runs_of_the_same_job_shape_and_target(tmp_path) -> None:
+    """Issue 41 over the wire: a run that reached test_accuracy 0.6 teaches a request of the same job shape
+    and target (its process id is named), and nothing to one of another architecture or a stricter target."""
+    from test_service_support import local_job, request_body, running_server
+
+    def vs(resource: dict, cid: str) -> dict:
+        return next(c for c in resource["VsDataContainer"] if c["id"] == cid)["attributes"]["vsData"]
+
+    def proposal(srv, rid: str, job: dict, accuracy: float) -> tuple[int, list[str]]:
+        body = request_body(rid, job, requirements={"performance": {"test_accuracy": accuracy}},
+                            decided_by="negotiated")
+        assert srv.http.put(srv.req(rid), json=body).status_code == 201
+        neg = vs(srv.process_of(rid), "sluice-negotiation")
+        assert neg["state"] == "PROPOSED"
+        srv.patch(srv.req(rid), {"attributes": {"cancelRequest": True}})
+        return neg["proposal"]["iterations"], [w for w in neg["rationale"] if w.startswith("iterations")]
+
+    small, wide = local_job(200), {**local_job(200), "model": {"hidden": [48]}}
+    with running_server(tmp_path, extra=("--set", "policy.default_iterations=77")) as srv:
+        body = request_body("PAST", small, termination={"iterations": 200, "performance": {"test_accuracy": 0.6}},
+                            decided_by="consumer")
+        assert srv.http.put(srv.req("PAST"), json=body).status_code == 201
+        srv.wait_status("PAST", ("FINISHED",), timeout=120)
+        rep = vs(srv.get(srv.dn(srv.process_of("PAST")["attributes"]["trainingReportRef"])), "sluice-report")
+        assert rep["cause"] == "CRITERION_MET"
+        needed = rep["iterations"]
+        n, why = proposal(srv, "SAME", small, 0.6)
+        assert n == max(1, -(-3 * needed // 2)), why  # ⌈1.5 × needed⌉
+        assert "PAST-1" in why[0] and "this job shape" in why[0], why
+        n, why = proposal(srv, "LOOSER", small, 0.5)  # a run that passed 0.6 passed 0.5 on the way
+        assert n == max(1, -(-3 * needed // 2)) and "PAST-1" in why[0], why
+        n, why = proposal(srv, "WIDE", wide, 0.6)
+        assert n == 77 and "PAST-1" not in why[0], why
+        n, why = proposal(srv, "STRICT", small, 0.9)
+        assert n == 77 and "no past run of this job shape reached test_accuracy ≥ 0.9" in why[0], why

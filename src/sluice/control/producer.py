@@ -7,8 +7,9 @@ Deciding parameters (T2 b/c) from requirements, model type and history:
 
 * performance targets = the requirement's performance thresholds;
 * training error threshold = the policy's value for the model type (T4 metrics), when it has one;
-* iterations = ``⌈margin · N_past⌉`` where ``N_past`` is the most iterations a past successful run of the
-  same model (else the same type) needed, else the policy default;
+* iterations = ``⌈margin · N_past⌉`` where ``N_past`` is the most iterations a past run of the same job
+  shape needed to reach a target at least as strict as this request's goal (the reason names those runs;
+  :mod:`sluice.control.history`), else the policy default;
 * training time = the requirement's maximum training time;
 * a plateau guard on the goal metric (``plateau_patience`` checks without improvement).
 
@@ -37,10 +38,10 @@ from pydantic import BaseModel, Field
 from sluice.control import threegpp
 from sluice.control.feasibility import Feasibility, preflight
 from sluice.control.handles import ProcessHandle, ProcessRegistry
+from sluice.control.history import RunHistory, RunRecord, reached_of, target_of
 from sluice.control.monitor import effective_error_metric
 from sluice.control.negotiation import Agreement, DecidedBy, Proposal, Review, negotiate
 from sluice.control.params import (
-    Cause,
     ModelIdentity,
     ProcessState,
     Requirements,
@@ -82,52 +83,6 @@ class ProducerPolicy(Section):
         if self.supported_types is not None:
             self.supported_types = [normalise_model_type(t) for t in self.supported_types]
         self.retrain_below = {resolve_metric(k): v for k, v in self.retrain_below.items()}
-
-
-class RunRecord(BaseModel):
-    """One past training run, as the producer remembers it."""
-
-    model_id: str
-    model_type: str | None
-    version: str
-    cause: Cause
-    fired: str | None
-    iterations: int
-    duration_s: float
-    performance: dict[str, float]
-    trigger: str = "CONSUMER_REQUEST"
-
-
-class RunHistory:
-    """Past runs, in memory and optionally appended to a JSON-lines file."""
-
-    def __init__(self, path: str | Path | None = None) -> None:
-        self.path = None if path is None else Path(path)
-        self.records: list[RunRecord] = []
-        if self.path is not None and self.path.is_file():
-            for line in self.path.read_text(encoding="utf-8").splitlines():
-                if line.strip():
-                    self.records.append(RunRecord.model_validate_json(line))
-
-    def add(self, record: RunRecord) -> None:
-        self.records.append(record)
-        if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.write(record.model_dump_json() + "\n")
-
-    def iterations_needed(self, model: ModelIdentity) -> tuple[int | None, str]:
-        """Most iterations a successful past run of this model (else of its type) needed."""
-        ok = [r for r in self.records if r.cause == Cause.CRITERION_MET and r.fired
-              and not r.fired.endswith("iterations")]
-        same = [r for r in ok if r.model_id == model.id]
-        src = "this model"
-        if not same and model.type:
-            same = [r for r in ok if r.model_type == model.type]
-            src = f"type {model.type}"
-        if not same:
-            return None, ""
-        return max(r.iterations for r in same), f"{len(same)} past run(s) of {src}"
 
 
 class TrainingRequest(BaseModel):
@@ -201,8 +156,11 @@ class Producer:
             return eng
 
     # ------------------------------------------------------------------ T2: decide / propose
-    def propose(self, model: ModelIdentity, requirements: Requirements | None = None) -> Proposal:
-        """Termination parameters this producer would use, with the reason for each."""
+    def propose(self, model: ModelIdentity, requirements: Requirements | None = None,
+                shape: str | None = None) -> Proposal:
+        """Termination parameters this producer would use, with the reason for each. ``shape``: the
+        :func:`~sluice.control.history.job_shape` of the request's job (None: runs of the same model id
+        count)."""
         p, r = self.policy, requirements
         why: list[str] = []
         data: dict[str, Any] = {}
@@ -212,13 +170,13 @@ class Producer:
         if model.type in p.error_thresholds:
             data["training_error"] = {"threshold": p.error_thresholds[model.type]}
             why.append(f"training error ≤ {p.error_thresholds[model.type]:g}: policy for type {model.type}")
-        past, src = self.history.iterations_needed(model)
-        if past is not None:
-            data["iterations"] = max(1, math.ceil(p.iteration_margin * past))
-            why.append(f"iterations = {p.iteration_margin:g} × {past} needed by {src}")
+        past = self.history.evidence(model, target_of(Termination.model_validate(data), r, model), shape)
+        if past.iterations is not None:
+            data["iterations"] = max(1, math.ceil(p.iteration_margin * past.iterations))
+            why.append(f"iterations = {p.iteration_margin:g} × {past.text}")
         else:
             data["iterations"] = p.default_iterations
-            why.append(f"iterations = default {p.default_iterations} (no past run of the model or type)")
+            why.append(f"iterations = default {p.default_iterations} ({past.text})")
         if r is not None and r.max_training_time_s is not None:
             data["training_time_s"] = r.max_training_time_s
             why.append("training time = the requirement's maximum training time")
@@ -257,9 +215,10 @@ class Producer:
 
     def _expected_iterations(self, model: ModelIdentity, termination: Termination | None,
                              requirements: Requirements | None) -> int | None:
-        """Iterations a past run of the model (or type) needed, else the iteration budget when the
-        parameters aim at no result."""
-        expected, _ = self.history.iterations_needed(model)
+        """Iterations a past run of the model needed to reach what these parameters aim at, else the
+        iteration budget when they aim at no result."""
+        target = None if termination is None else target_of(termination, requirements, model)
+        expected, _ = self.history.iterations_needed(model, target)
         if expected is None and termination is not None and goal_of(
             termination, requirements, effective_error_metric(termination, model)
         ) is None:
@@ -343,7 +302,8 @@ class Producer:
         save = None
         if self.save_dir is not None:
             save = self.save_dir / f"{model.id}-v{model.version}.pt"
-        kwargs.setdefault("expected_iterations", self.history.iterations_needed(model)[0])
+        kwargs.setdefault("expected_iterations",
+                          self.history.iterations_needed(model, target_of(termination, requirements, model))[0])
         proc = TrainingProcess(eng, termination, requirements, model, save_path=save, **kwargs)  # checks the metrics
         handle = ProcessHandle(proc, trigger=trigger, agreement=agreement, on_done=self._done)
         with self._lock:
@@ -362,7 +322,8 @@ class Producer:
                 self.history.add(RunRecord(
                     model_id=model.id, model_type=model.type, version=model.version, cause=report.cause,
                     fired=report.fired, iterations=report.iterations, duration_s=report.duration_s,
-                    performance=report.performance, trigger=handle.trigger,
+                    performance=report.performance, trigger=handle.trigger, run_id=handle.id,
+                    reached=reached_of(report.criterion),
                 ))
             finally:
                 self._busy.pop(model.id, None)
