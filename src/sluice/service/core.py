@@ -1084,6 +1084,9 @@ class TrainingService:
             info = "CANCELLING"
         result = st.get("resultStateInfo") or ""
         ps: dict[str, Any] = {"status": state, "progressStateInfo": info, "resultStateInfo": result}
+        started = proc.attributes["progressStatus"].get("startTime")  # TS 28.623 ProcessMonitor times
+        if started or state != "NOT_STARTED":
+            ps["startTime"] = started or now_iso()
         if st.get("progressPercentage") is not None:
             ps["progressPercentage"] = max(0, min(100, int(st["progressPercentage"])))
         vs_status = {k: v for k, v in st.items() if k not in ("progressStateInfo", "resultStateInfo", "status",
@@ -1148,11 +1151,13 @@ class TrainingService:
         if status not in ENDED:
             status = "FAILED"
         ps: dict[str, Any] = {"status": status, "progressStateInfo": status, "resultStateInfo": report.get("cause", "")}
-        pct = report.get("progress_percent")
+        pct = 100 if status == "FINISHED" else report.get("progress_percent")  # a finished process did it all
+        old_ps = proc.attributes.get("progressStatus", {})
         if pct is not None:
             ps["progressPercentage"] = max(0, min(100, int(pct)))
-        elif "progressPercentage" in proc.attributes.get("progressStatus", {}):
-            ps["progressPercentage"] = proc.attributes["progressStatus"]["progressPercentage"]
+        elif "progressPercentage" in old_ps:
+            ps["progressPercentage"] = old_ps["progressPercentage"]
+        ps.update({k: old_ps[k] for k in ("startTime",) if k in old_ps}, endTime=now_iso())
         attrs = {"progressStatus": ps, "trainingReportRef": ldn_to_dn(rep_ldn)}
         if model_ldn is not None:
             attrs["mLModelRef"] = ldn_to_dn(model_ldn)
@@ -1163,6 +1168,10 @@ class TrainingService:
                   estimated_remaining_s=report.get("estimated_remaining_s"),
                   bytes_up=report.get("bytes_up", st.get("bytes_up", 0)),
                   bytes_down=report.get("bytes_down", st.get("bytes_down", 0)))
+        if "performance" in report:  # the status shows what the report says, not the last progress stored
+            st.update(metrics=perf, elapsed_s=report.get("duration_s", st.get("elapsed_s")))
+        if "progressPercentage" in ps:
+            st["progress_percent"] = ps["progressPercentage"]
         self._set_process(tx, proc, attrs=attrs, vs={"sluice-status": st},
                           internal={"phase": "ended", "refused": refused, "ended_at": time.time(),
                                     "model": ident or proc.internal.get("model")})
