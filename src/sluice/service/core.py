@@ -368,8 +368,8 @@ class TrainingService:
         return hist
 
     def _propose(self, job: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-        from sluice.control.params import parse_model
         from sluice.control.history import job_shape
+        from sluice.control.params import parse_model
         from sluice.control.producer import Producer
 
         def no_engine(*_: Any) -> Any:
