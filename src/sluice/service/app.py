@@ -48,6 +48,7 @@ from sluice.service.config import ServiceConfig
 from sluice.service.core import TrainingService
 from sluice.service.filters import parse_filter
 from sluice.service.limits import BodyLimit
+from sluice.service.metrics import add_operations
 from sluice.service.nrm import (
     PRODUCER_ONLY,
     READ_ONLY,
@@ -204,6 +205,8 @@ def create_app(cfg: ServiceConfig, public_url: str | None = None) -> FastAPI:
     @app.get(f"{base}/openapi.json", include_in_schema=False)
     def openapi_base() -> JSONResponse:
         return _json(bundle())
+
+    add_operations(app, service, base, bundle)  # /health, /ready, /metrics, openapi.yaml: no token
 
     def locate(ldn: str) -> tuple[str, str]:
         """``(class, parent LDN)`` of a well-formed LDN inside this producer's SubNetwork."""

@@ -259,6 +259,10 @@ class Supervisor:
         """Look at the queue now (a process was queued, resumed or re-prioritised)."""
         self._wake.set()
 
+    def alive(self) -> bool:
+        """Whether the loop that starts and listens to workers runs."""
+        return self._thread.is_alive() and not self._stop.is_set()
+
     def running(self) -> list[str]:
         with self._lock:
             return [w.ldn for w in self.workers.values() if not w.ended]
