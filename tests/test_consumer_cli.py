@@ -194,3 +194,41 @@ def test_fanout_with_an_unreachable_producer_fails_naming_it(two):
         "attributes"]["vsData"]["cause"] == "CRITERION_MET"
     assert got[1]["report"] is None and "could not be reached" in got[1]["error"]
     assert "CRITERION_MET" in done.stdout
+
+
+def test_processes_by_id_page_on_and_fall_back_to_a_listing():
+    """A request with more processes than one GET asks for gets them all, newest last; a producer that names
+    processes otherwise is listed once and filtered."""
+    import httpx
+
+    from sluice.service.client import NAMED_BATCH, ProvMnSClient
+
+    url = "http://producer/ProvMnS/v1920/SubNetwork=SN1/MLTrainingFunction=TF1"
+    ref = "SubNetwork=SN1,MLTrainingFunction=TF1,MLTrainingRequest=R"
+
+    def proc(pid: str, request_ref: str = ref) -> dict:
+        return {"id": pid, "attributes": {"trainingRequestRef": [request_ref], "progressStatus": {}}}
+
+    def serve(procs: list[dict], seen: list[str]):
+        def handler(request: httpx.Request) -> httpx.Response:
+            flt = request.url.params.get("filter", "")
+            seen.append(flt)
+            names = set(flt.split("|"))
+            body = {"id": "TF1", "MLTrainingProcess": [p for p in procs if flt == "MLTrainingProcess"
+                                                       or f"MLTrainingProcess={p['id']}" in names]}
+            if "MLTrainingRequest=R" in names:
+                body["MLTrainingRequest"] = [{"id": "R", "attributes": {"requestStatus": "IN_PROGRESS"}}]
+            return httpx.Response(200, json=body)
+        return handler
+
+    seen: list[str] = []
+    many = [proc(f"R-{n}") for n in range(1, NAMED_BATCH + 3)] + [proc("X-1", ref.replace("=R", "=X"))]
+    with ProvMnSClient(url, client=httpx.Client(transport=httpx.MockTransport(serve(many, seen)))) as c:
+        assert [p["id"] for p in c.processes("R")] == [f"R-{n}" for n in range(1, NAMED_BATCH + 3)]
+        assert c.status("R")[0] == "IN_PROGRESS" and c.process("R")["id"] == f"R-{NAMED_BATCH + 2}"
+    assert "MLTrainingProcess" not in seen
+    seen.clear()
+    other = [proc("p-7f3a"), proc("p-0b21", ref.replace("=R", "=X"))]
+    with ProvMnSClient(url, client=httpx.Client(transport=httpx.MockTransport(serve(other, seen)))) as c:
+        assert [p["id"] for p in c.processes("R")] == ["p-7f3a"]
+    assert seen[-1] == "MLTrainingProcess"
