@@ -5,8 +5,9 @@ evaluations. Federated curves are noisy and not monotone, so the question is whe
 passes, not when a smooth one crosses. :class:`Estimator` answers it by simulating futures:
 
 1. the curve since its steepest improvement (:func:`sluice.control.curves.regime_start`) is fitted with a
-   power law ``y(n) = c + a·n^(−α)`` (:mod:`sluice.control.curves`); its residuals give the noise level ``σ``
-   and their lag-one autocorrelation ``ρ``;
+   power law ``y(n) = c + a·n^(−α)`` (:mod:`sluice.control.curves`); the latest ``noise_window`` of its
+   residuals give the noise level ``σ`` (curves calm down as they converge) and all of them their lag-one
+   autocorrelation ``ρ``;
 2. ``samples`` curves are refitted on the fit plus residuals resampled in blocks of about
    ``(1 + ρ)/(1 − ρ)`` evaluations (a moving-block bootstrap keeps the residuals' correlation): the spread of
    the fitted curves is the uncertainty of the trend;
@@ -51,8 +52,9 @@ class EtaSettings:
 
     samples: int = 48
     refresh: int = 16
-    noise_scale: float = 1.0
-    horizon_factor: float = 4.0
+    noise_window: float = 0.33
+    noise_scale: float = 1.3
+    horizon_factor: float = 8.0
     min_horizon: int = 100
 
 
@@ -101,7 +103,8 @@ def simulate(ns: np.ndarray, ys: np.ndarray, *, now: int, target: float, mode: s
         return None
     resid = ys - fit(ns)
     m = resid.size
-    sigma = float(resid.std(ddof=min(3, m - 1))) * settings.noise_scale
+    late = resid[-max(4, math.ceil(settings.noise_window * m)):]  # the noise now: curves calm down
+    sigma = float(np.sqrt(np.mean(late * late))) * settings.noise_scale
     rho = float(np.clip(np.corrcoef(resid[:-1], resid[1:])[0, 1], 0.0, 0.95)) if m > 3 and resid.std() > 0 else 0.0
     rng = np.random.default_rng(m)
     thin = -(-m // FIT_POINTS)  # the refits see at most FIT_POINTS values: every thin-th
@@ -236,13 +239,13 @@ class Estimator:
         if len(self.ns) < self.min_points:
             return (f"{len(self.ns)} values of {self.metric} so far; the learning curve needs "
                     f"{self.min_points}")
-        ys = np.asarray(self.ys)
-        start = regime_start(ys, self.mode)
-        if len(ys) - start < self.min_points:
-            start = 0
+        ns, ys = np.asarray(self.ns), np.asarray(self.ys)
         s = self.settings
+        start = regime_start(ys, self.mode)
+        if len(ys) - start < self.min_points or np.ptp(ys[start:]) == 0:
+            start = 0
         horizon = max(s.min_horizon, math.ceil(s.horizon_factor * n))
-        out = simulate(np.asarray(self.ns[start:]), ys[start:], now=n, target=float(self.target), mode=self.mode,
+        out = simulate(ns[start:], ys[start:], now=n, target=float(self.target), mode=self.mode,
                        patience=self.patience, horizon=horizon, bounds=self.bounds, settings=s)
         if out is None:
             return f"{self.metric} has not changed; no learning curve to fit"
