@@ -7,6 +7,7 @@ Every function here closes what it opened when it fails, so a failed start leave
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -59,10 +60,18 @@ def connect_followers(cfg: SplitConfig, names: list[str], addresses: list[str]) 
     return links
 
 
+def _leave_sigint_to_the_leader() -> None:
+    """In a follower process before it runs Python: ignore SIGINT (inherited across exec, so Python installs
+    no KeyboardInterrupt handler). Ctrl-C in a terminal signals the whole process group; the leader cancels
+    after its current step and then stops its followers, which must still be serving that step."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class FollowerProcesses:
     """One ``sluice split party --role follower`` process per follower, listening on
     ``transport.listen``; each gets the resolved config as ``party.toml`` in ``workdir`` and logs to
-    ``follower-N.log`` there. They die with this process on Linux, and :meth:`stop` ends every one."""
+    ``follower-N.log`` there. They stay in this process's group but leave SIGINT (Ctrl-C) to it; they die
+    with this process on Linux, and :meth:`stop` ends every one."""
 
     def __init__(self, cfg: SplitConfig, names: list[str], workdir: Path) -> None:
         import tomli_w
@@ -90,7 +99,8 @@ class FollowerProcesses:
                 ]  # fmt: skip
                 env = dict(os.environ)
                 env.setdefault("OMP_NUM_THREADS", "1")
-                self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
+                self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                                   preexec_fn=_leave_sigint_to_the_leader))
                 ready.append(rf)
             deadline = time.monotonic() + wait
             for p, rf, name in zip(self.procs, ready, names, strict=True):
