@@ -195,7 +195,9 @@ class Follower(Worker):
 
     def profile(self, batch: int, repeats: int = 3) -> dict[str, Any]:
         """Seconds of this party's operations for groups of ``n`` samples (linear fit ``a0 + a1 n`` from
-        two sizes, best of ``repeats``) and encoded bytes of what it sends per group."""
+        two sizes, best of ``repeats``) and encoded bytes of what it sends per group. The seconds are the CPU
+        time of this thread, which computes alone (one torch thread), as the leader times its own (see
+        :meth:`sluice.vfl.leader.Leader._time`)."""
         assert self.model is not None
         sizes = profile_sizes(batch)
         width = self.proposal["model"]["in"]
@@ -204,13 +206,13 @@ class Follower(Worker):
             x = torch.randn(n, width, dtype=self.dtype, generator=torch.Generator().manual_seed(n))
             tf = tb = float("inf")
             for _ in range(repeats):
-                t0 = time.perf_counter()
+                t0 = time.thread_time()
                 if self.topo.u_shape:  # the middle part sends the gradient of its input
                     x.requires_grad_(True)
                 h = self.model(x)
-                t1 = time.perf_counter()
+                t1 = time.thread_time()
                 h.backward(torch.ones_like(h))
-                t2 = time.perf_counter()
+                t2 = time.thread_time()
                 tf, tb = min(tf, t1 - t0), min(tb, t2 - t1)
                 x.grad = None
             fwd.append(tf)
@@ -321,6 +323,10 @@ class Follower(Worker):
     def serve(self) -> dict[str, Any]:
         """Run the whole task until the leader stops it; returns this party's summary. Tells the leader on
         failure (a refused proposal was already answered with ``refuse``)."""
+        # torch.set_num_threads binds the calling thread only (OpenMP, MKL): __init__ may have run in another
+        # thread (an in-process follower is built by the leader's thread and serves in its own), which would
+        # leave this one computing with a team of one thread per core
+        torch.set_num_threads(1)
         try:
             self.negotiate()
         except Stopped:

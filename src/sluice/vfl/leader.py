@@ -129,11 +129,14 @@ class Leader(Worker):
 
     # -- choosing G (SPEC P1) ------------------------------------------------------------------
     def _time(self, fn: Any, repeats: int = 3) -> float:
+        """Seconds of ``fn()``: the CPU time of this thread (torch computes in it alone), best of ``repeats``.
+        Not the wall time: on a loaded machine that counts the waits for a core (and, for a party in a thread,
+        for the interpreter lock), which are no cost of the operation."""
         best = float("inf")
         for _ in range(repeats):
-            t0 = time.perf_counter()
+            t0 = time.thread_time()
             fn()
-            best = min(best, time.perf_counter() - t0)
+            best = min(best, time.thread_time() - t0)
         return best
 
     def profile_self(self, batch: int) -> dict[str, list[float]]:
