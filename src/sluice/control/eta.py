@@ -50,8 +50,8 @@ FIT_POINTS = 64
 class EtaSettings:
     """How the futures are drawn (see the module docstring)."""
 
-    samples: int = 48
-    refresh: int = 16
+    samples: int = 32
+    refresh: int = 2
     noise_window: float = 0.33
     noise_scale: float = 1.3
     horizon_factor: float = 8.0
@@ -96,8 +96,8 @@ def _first_passes(ysim: np.ndarray, passed: np.ndarray, target: float, mode: str
 def simulate(ns: np.ndarray, ys: np.ndarray, *, now: int, target: float, mode: str, patience: int,
              horizon: int, bounds: tuple[float | None, float | None], settings: EtaSettings
              ) -> tuple[np.ndarray, PowerLaw] | None:
-    """Remaining iterations until the target fires in each simulated future (inf beyond ``horizon``) and the
-    central fit; None when the curve cannot be fitted (constant, too few values)."""
+    """Remaining iterations until the target fires in each simulated future (inf beyond ``horizon``), sorted,
+    and the central fit; None when the curve cannot be fitted (constant, too few values)."""
     fit = fit_power_law(ns, ys, bounds)
     if fit is None:
         return None
@@ -119,7 +119,7 @@ def simulate(ns: np.ndarray, ys: np.ndarray, *, now: int, target: float, mode: s
     passed = ys >= target if mode == "max" else ys <= target
     first = _first_passes(mean + noise, passed, target, mode, patience)
     remaining = np.where(first >= 0, future[np.maximum(first, 0)] - now, np.inf)
-    return np.where(remaining <= horizon, np.maximum(remaining, 1.0), np.inf), fit
+    return np.sort(np.where(remaining <= horizon, np.maximum(remaining, 1.0), np.inf)), fit
 
 
 class Estimator:
@@ -151,6 +151,7 @@ class Estimator:
         self.ys: list[float] = []
         self.spi: float | None = None
         self._memo: tuple[int, int, tuple[np.ndarray, PowerLaw, int] | str] | None = None
+        self._last: tuple[tuple, Estimate] | None = None
 
     def add(self, n: int, metrics: dict[str, float], seconds: float) -> None:
         """Record iteration ``n`` (1-based count) with its metrics and duration."""
@@ -184,7 +185,14 @@ class Estimator:
         return None if iterations is None or self.spi is None else iterations * self.spi
 
     def estimate(self, n: int, elapsed_s: float, reached: bool = False) -> Estimate:
-        """Estimate after ``n`` iterations and ``elapsed_s`` seconds; ``reached`` = the result is obtained."""
+        """Estimate after ``n`` iterations and ``elapsed_s`` seconds; ``reached`` = the result is obtained.
+        Asked again with nothing new, it answers the same estimate without computing it again."""
+        key = (len(self.ns), n, elapsed_s, reached, self.spi)
+        if self._last is None or self._last[0] != key:
+            self._last = key, self._estimate(n, elapsed_s, reached)
+        return self._last[1]
+
+    def _estimate(self, n: int, elapsed_s: float, reached: bool) -> Estimate:
         if reached:
             return Estimate(100.0, 0, 0.0, "result obtained", self.spi, None, 0, 0, 1.0)
         b_prog, b_rem, b_s = self._budget(n, elapsed_s)
@@ -201,7 +209,8 @@ class Estimator:
             return self._budget_only(b_prog, b_rem, target)
         samples, fit, horizon = target
         p = float(np.isfinite(samples).mean())
-        lo, mid, hi = np.quantile(samples, [INTERVAL[0], 0.5, INTERVAL[1]], method="inverted_cdf")
+        lo, mid, hi = (float(samples[max(0, math.ceil(q * samples.size) - 1)]) for q in (INTERVAL[0], 0.5,
+                                                                                         INTERVAL[1]))
         shape = f"{self.metric} ≈ {fit.c:.4g} + {fit.a:.4g}·n^-{fit.alpha:.3g}"
         if not math.isfinite(mid):
             note = (f"target {self.target:g} is not expected within {horizon} more iterations (probability "
