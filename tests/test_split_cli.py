@@ -117,38 +117,32 @@ def _leader_cfg(timeout_s: float) -> SplitConfig:
     })
 
 
-def _lead(cfg: SplitConfig, addr: str, steps: int, on_step=None) -> SplitEngine:
-    engine = SplitEngine(cfg, connect=[addr])
-    try:
-        for _ in range(steps):
-            event = engine.iterate()
-            if on_step is not None:
-                on_step(event)
-    finally:
-        engine.stop()
-    return engine
-
-
-@pytest.mark.parametrize("sig,timeout_s,limit", [(signal.SIGKILL, 30.0, 8.0), (signal.SIGSTOP, 3.0, 8.0)])
-def test_dead_or_stalled_follower_process_gives_a_clear_error(tmp_path, sig, timeout_s, limit):
+@pytest.mark.parametrize("sig,stall_timeout_s", [(signal.SIGKILL, None), (signal.SIGSTOP, 3.0)])
+def test_dead_or_stalled_follower_process_gives_a_clear_error(tmp_path, sig, stall_timeout_s):
+    """A follower process killed, or stopped, at step 5: the leader says so within seconds. For the stall, the
+    leader's receive timeout is cut to 3 s only then (a loaded machine may keep a healthy follower's first
+    steps, its start and its profiling, waiting longer than that)."""
     p, addr = _spawn_follower(tmp_path)
     hit = {}
-
-    def on_step(event):
-        if event.iteration == 5 and not hit:
-            hit["t"] = time.perf_counter()
-            os.kill(p.pid, sig)
-
+    engine = SplitEngine(_leader_cfg(30.0), connect=[addr])
     try:
         with pytest.raises(SluiceError) as info:
-            _lead(_leader_cfg(timeout_s), addr, 400, on_step)
+            try:
+                for _ in range(400):
+                    if engine.iterate().iteration == 5:
+                        if stall_timeout_s is not None:
+                            assert engine.leader is not None
+                            engine.leader.timeout_s = stall_timeout_s
+                        hit["t"] = time.perf_counter()
+                        os.kill(p.pid, sig)
+            finally:
+                engine.stop()
         waited = time.perf_counter() - hit["t"]
-        assert waited < limit
         msg = str(info.value)
         if sig == signal.SIGSTOP:
-            assert "stalled or died" in msg and waited >= timeout_s * 0.9
+            assert "stalled or died" in msg and stall_timeout_s * 0.9 <= waited < stall_timeout_s + 12, (waited, msg)
         else:
-            assert "failed" in msg or "closed" in msg
+            assert ("failed" in msg or "closed" in msg) and waited < 12, (waited, msg)
     finally:
         p.kill()
         p.wait(10)
@@ -259,3 +253,26 @@ def test_follower_reports_a_vanished_leader(tmp_path):
     assert not th.is_alive()
     assert "failed" in str(out["error"]) or "closed" in str(out["error"])
     assert out["t"] - t0 < 5
+
+
+def test_a_send_after_the_leader_left_reports_the_leaders_failure(tmp_path):
+    """The race behind a follower that logged "the peer closed the stream" instead of the leader's error: the
+    leader sends ``error`` and closes the stream while the follower computes; its reader thread takes both,
+    and the follower's next send finds the stream ended. The leader's reason is what the follower reports."""
+    from sluice.errors import TrainingError
+    from sluice.transport.grpc_link import GrpcListener, connect
+    from sluice.vfl.party import Worker
+    from sluice.wire.tensor import encode_control
+
+    lis = GrpcListener("127.0.0.1:0")
+    try:
+        leader = connect(lis.address, 10)
+        link = lis.accept(10)
+        follower = Worker("follower", {"leader": link}, timeout_s=20, threshold=1 << 20)
+        leader.send(encode_control("error", {"message": "RuntimeError: leader broke"}))
+        leader.close()
+        assert link._done.wait(20), "the follower's end did not see the stream end"
+        with pytest.raises(TrainingError, match="leader failed: RuntimeError: leader broke"):
+            follower.send_control("leader", "step_done", {"step": 1}, step=1)
+    finally:
+        lis.close(0.5)

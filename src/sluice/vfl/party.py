@@ -31,7 +31,7 @@ import psutil
 import torch
 from torch import nn
 
-from sluice.errors import SluiceError, TrainingError
+from sluice.errors import SluiceError, TrainingError, TransportError
 from sluice.transport.link import Delivery, Inbox, Link
 from sluice.wire.tensor import (
     ControlMsg,
@@ -99,9 +99,29 @@ class Worker:
         self.trace: list[Decision] | None = None
 
     # -- sending -------------------------------------------------------------------------------
+    def _send(self, peer: str, payload: bytes) -> None:
+        """Queue ``payload`` on the link to ``peer``. When the link has ended, a failure its peer reported
+        before closing it (an ``error`` message already in the inbox) is raised instead of the bare end of
+        the link: the reader thread may deliver both while this party is still computing."""
+        try:
+            self.links[peer].send(payload)
+        except TransportError:
+            self.raise_reported_failure()
+            raise
+
+    def raise_reported_failure(self) -> None:
+        """Absorb what has arrived, without waiting: raises :class:`TrainingError` for a peer's ``error``
+        message (the failure deliveries of ended links are passed over)."""
+        while True:
+            d = self.inbox.get_nowait()
+            if d is None:
+                return
+            if d.error is None:
+                self._absorb(d)
+
     def send_tensor(self, peer: str, step: int, group: int, tag: str, tensor: torch.Tensor) -> int:
         payload = encode_tensor(step, group, tag, tensor)
-        self.links[peer].send(payload)
+        self._send(peer, payload)
         self.sent_by_step[step] += len(payload)
         return len(payload)
 
@@ -109,7 +129,7 @@ class Worker:
         self, peer: str, type_: str, body: dict[str, Any] | None = None, step: int | None = None
     ) -> int:
         payload = encode_control(type_, body)
-        self.links[peer].send(payload)
+        self._send(peer, payload)
         if step is None:
             self.setup_sent += len(payload)
         else:
@@ -118,7 +138,7 @@ class Worker:
 
     def send_raw(self, peer: str, data: bytes) -> int:
         payload = encode_raw(data)
-        self.links[peer].send(payload)
+        self._send(peer, payload)
         self.setup_sent += len(payload)
         return len(payload)
 
