@@ -3,8 +3,9 @@
 Two uses:
 
 - ``sluice certs DIR [--host ADDR ...] [--client NAME ...]``: a Flower SuperLink's certificate
-  (``server.pem`` / ``server.key``, naming its addresses), and client certificates for mutual TLS of
-  ``sluice serve --tls-client-ca``, all in ``DIR``.
+  (``server.pem`` / ``server.key``, naming its addresses, and always 127.0.0.1 and localhost, where the
+  SuperLink's own executor connects to it), and client certificates for mutual TLS of ``sluice serve
+  --tls-client-ca``, all in ``DIR``.
 - ``sluice certs DIR --follower [NAME=]ADDR[,ADDR...] ... [--leader NAME]``: split training across hosts
   (``sluice split party``) with mutual TLS: a server certificate for each follower (it listens; the
   certificate names the addresses the leader connects to) and a client certificate for the leader (it
@@ -25,7 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "certs",
         help="make a CA and certificates: a Flower SuperLink's, or each party's for split training (mutual TLS)",
-        description="Flower: write ca.pem (+ ca.key), server.pem and server.key into DIR. Start the SuperLink "
+        description="Flower: write ca.pem (+ ca.key), server.pem and server.key into DIR; the certificate names "
+        "every --host and 127.0.0.1 and localhost, where the SuperLink's own executor connects. Start the SuperLink "
         "with --ssl-ca-certfile DIR/ca.pem --ssl-certfile DIR/server.pem --ssl-keyfile DIR/server.key and give "
         "every SuperNode (and sluice run --runtime flower --superlink) --root-certificates ca.pem. "
         "Split training across hosts (--follower): write the CA into DIR and, for each follower and the "
@@ -35,8 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("dir", help="directory for the files")
     p.add_argument("--host", dest="hosts", action="append", default=[], metavar="NAME_OR_IP",
-                   help="Flower: an address the SuperLink is reached at (repeatable; default 127.0.0.1 and "
-                   "localhost)")
+                   help="Flower: an address the SuperLink is reached at (repeatable); 127.0.0.1 and localhost "
+                   "are always named")
     p.add_argument("--days", type=int, default=365, help="validity in days (default 365)")
     p.add_argument("--force", action="store_true", help="replace existing files (a new CA)")
     p.add_argument("--client", dest="clients", action="append", default=[], metavar="NAME",
@@ -67,15 +69,22 @@ def _followers(specs: list[str]) -> dict[str, list[str]]:
     return out
 
 
+LOOPBACK = ("127.0.0.1", "localhost")
+"""Named in every SuperLink certificate: a SuperLink started with ``--host 0.0.0.0`` runs its ServerApps
+through an executor (``flower-superexec``) that connects to it at 127.0.0.1 with the same certificate; without
+that name the executor cannot connect, and no run ever starts."""
+
+
 def _main(args: argparse.Namespace) -> int:
     if args.followers or args.leader:
         return _split(args)
     from sluice.flower.certs import make_certificates, make_client_certificate
 
-    files = make_certificates(args.dir, args.hosts or ["127.0.0.1", "localhost"], days=args.days,
-                              overwrite=args.force)
-    console = Console()
-    console.print(f"CA: {files.ca}\nSuperLink certificate: {files.cert}\nSuperLink key: {files.key}")
+    hosts = list(dict.fromkeys([h.strip() for h in args.hosts] + list(LOOPBACK)))
+    files = make_certificates(args.dir, hosts, days=args.days, overwrite=args.force)
+    console = Console(highlight=False, soft_wrap=True)
+    console.print(f"CA: {files.ca}\nSuperLink certificate: {files.cert} (names {', '.join(hosts)})\n"
+                  f"SuperLink key: {files.key}")
     for name in args.clients:
         client = make_client_certificate(args.dir, name, days=args.days)
         console.print(f"client certificate: {client.cert}, key: {client.key}")

@@ -99,19 +99,27 @@ def make_certificates(out: str | Path, hosts: list[str] | tuple[str, ...] = ("12
 
     ``hosts`` are the addresses the SuperLink is reached at; a node that connects through another name
     fails the TLS check. Existing files are kept unless ``overwrite``: a deployment's nodes must keep
-    trusting the CA they were given.
+    trusting the CA they were given. A kept server certificate that does not name every one of ``hosts`` is
+    replaced by one that does, signed by the same CA.
     """
     from cryptography.hazmat.primitives import serialization
 
     if not hosts:
         raise ConfigError("name at least one host the SuperLink is reached at")
+    for h in hosts:
+        _san(h)
     out = Path(out)
     files = CertFiles(out / CA_CERT, out / SERVER_CERT, out / SERVER_KEY)
-    if not overwrite and all(p.exists() for p in (files.ca, files.cert, files.key)):
-        return files
-    out.mkdir(parents=True, exist_ok=True)
     now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
     until = now + dt.timedelta(days=days)
+    if not overwrite and all(p.exists() for p in (files.ca, files.cert, files.key)):
+        if set(map(_san, hosts)) <= _names(files.cert):
+            return files
+        ca, ca_key = _load_ca(out)  # new names, same CA: the nodes keep trusting it
+        key, cert = _leaf(ca, ca_key, hosts[0], now, until, server_hosts=hosts)
+        _write_pair(files, key, cert)
+        return files
+    out.mkdir(parents=True, exist_ok=True)
 
     ca, ca_key = _new_ca(now, until)
     key, cert = _leaf(ca, ca_key, hosts[0], now, until, server_hosts=hosts)
@@ -124,6 +132,17 @@ def make_certificates(out: str | Path, hosts: list[str] | tuple[str, ...] = ("12
     atomic_write(files.key, key.private_bytes(pem, private, plain), secret=True)
     atomic_write(files.cert, cert.public_bytes(pem))
     return files
+
+
+def _names(cert_path: Path) -> set:
+    """The subject alternative names of a certificate (empty when it cannot be read)."""
+    from cryptography import x509
+
+    try:
+        cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+        return set(cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value)
+    except (OSError, ValueError, x509.ExtensionNotFound):
+        return set()
 
 
 def atomic_write(path: Path, data: bytes, *, secret: bool = False) -> None:

@@ -8,13 +8,17 @@ the run's log; the run directory is then on the SuperLink's host.
 
 Failures end with a report, never a hang: a ServerApp that fails writes its error next to the run, and
 when the SuperLink dies the ServerApp's calls time out (``link_timeout_s``) and it reports
-``ENGINE_FAILURE``; if no report comes within that time and a margin, this runner writes one itself.
+``ENGINE_FAILURE``; if no report comes within that time and a margin, this runner writes one itself. So it
+does for a run the SuperLink accepts but does not start within ``start_timeout_s`` (its own executor cannot
+reach it, say, because its certificate does not name 127.0.0.1): the report gives the SuperLink's reason,
+from its log when it runs here, else from the run's status, and the run is stopped.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import re
 import signal
 import subprocess
 import time
@@ -50,6 +54,7 @@ class FlowerOptions:
     link_timeout_s: float = 30.0
     node_wait_s: float = 120.0
     poll_s: float = 0.05
+    start_timeout_s: float = 120.0  # a run the SuperLink accepted and has not started by then fails
 
     def run_config(self, min_nodes: int = 0) -> dict[str, Any]:
         return {"round-timeout": float(self.round_timeout_s), "link-timeout": float(self.link_timeout_s),
@@ -71,7 +76,8 @@ def _iterations(job: Job) -> int:
 
 
 def _failure_report(job: Job, out: Path, detail: str) -> dict[str, Any]:
-    """The report of a run whose ServerApp could not write one (the SuperLink died with it)."""
+    """The report of a run whose ServerApp could not write one (the SuperLink died with it, or never started
+    it); written into ``out`` where this host can (a SuperLink elsewhere has the run directory)."""
     from sluice.control import Cause, ProcessState, TrainingReport
 
     records = _records(out)
@@ -83,7 +89,11 @@ def _failure_report(job: Job, out: Path, detail: str) -> dict[str, Any]:
         iterations=len(records), bytes_up=int(last.get("cum_bytes_up", 0)),
         bytes_down=int(last.get("cum_bytes_down", 0)), termination=job.termination, requirements=job.requirements)
     doc = report.to_json()
-    (out / "report.json").write_text(json.dumps(doc, indent=2), encoding="utf-8")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "report.json").write_text(json.dumps(doc, indent=2), encoding="utf-8")
+    except OSError:
+        pass  # the report is still shown and its exit status returned
     return doc
 
 
@@ -96,6 +106,58 @@ def _records(out: Path) -> list[dict[str, Any]]:
         with contextlib.suppress(ValueError):
             rows.append(json.loads(line))
     return rows
+
+
+def _started(status: dict[str, Any]) -> bool:
+    """Whether Flower's status of a run (:func:`run_status`) says it started (running, or already over)."""
+    return str(status.get("status", "")).startswith(("running", "finished"))
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_EXCEPTION = re.compile(r"^[\w.]*(Error|Exception): ")
+
+
+def _log_reason(log: Path | None) -> str:
+    """The last exception a Flower log records (else its last ``ERROR`` line): why a run did not start."""
+    if log is None or not log.exists():
+        return ""
+    lines = [_ANSI.sub("", line).strip() for line in log.read_text(encoding="utf-8", errors="replace").splitlines()]
+    for pattern in (_EXCEPTION, re.compile(r"^ERROR\b")):
+        found = [line for line in lines if pattern.search(line)]
+        if found:
+            return found[-1]
+    return ""
+
+
+def _not_started(job: Job, out: Path, home: Path, run_id: int, status: dict[str, Any], opts: FlowerOptions,
+                 log: Path | None = None) -> dict[str, Any]:
+    """Stop run ``run_id``, which the SuperLink accepted and has not started, and report why: ``ENGINE_FAILURE``
+    with the SuperLink's reason, from its ``log`` (when it runs on this host) or from the run's status."""
+    with contextlib.suppress(subprocess.SubprocessError, OSError):
+        subprocess.run([_bin("flwr"), "stop", str(run_id), "sluice"], env=flower_env(home), capture_output=True,
+                       timeout=60, check=False)
+    state = str(status.get("status") or "unknown")
+    details = str(status.get("status-details") or "N/A")
+    why = _log_reason(log)
+    if why:
+        why = f"the SuperLink's log ({log}) says: {why}"
+    else:
+        why = ("its log on its host says why; often its own executor cannot connect to it: a SuperLink listening "
+               "on 0.0.0.0 is reached at 127.0.0.1, which its certificate must name (sluice certs DIR --host ADDR "
+               "names 127.0.0.1 and localhost too)")
+    detail = (f"the SuperLink accepted Flower run {run_id} but did not start it within {opts.start_timeout_s:g} s "
+              f"(status {state}{'' if details == 'N/A' else ': ' + details}); {why}")
+    return _failure_report(job, out, detail)
+
+
+def _await_start(home: Path, run_id: int, opts: FlowerOptions) -> dict[str, Any]:
+    """Flower's status of run ``run_id`` once it started, or the last one seen after ``start_timeout_s``."""
+    end = time.monotonic() + opts.start_timeout_s
+    while True:
+        status = run_status(home, run_id, timeout_s=max(10.0, min(60.0, opts.start_timeout_s)))
+        if _started(status) or time.monotonic() >= end:
+            return status
+        time.sleep(min(1.0, max(0.0, end - time.monotonic())))
 
 
 def _serverapp_pids(dep: LocalDeployment) -> list[int]:
@@ -112,6 +174,56 @@ def _serverapp_pids(dep: LocalDeployment) -> list[int]:
     return out
 
 
+@dataclass
+class _Watch:
+    """What :func:`follow` has seen of the run between its looks."""
+
+    start_by: float  # monotonic time by which the run must have started
+    started: bool = False
+    link_dead_at: float | None = None
+    finished_at: float | None = None
+    next_check: float = 0.0
+
+
+def _look(job: Job, out: Path, dep: LocalDeployment, run_id: int, w: _Watch, seen: int, *, console: Console,
+          opts: FlowerOptions) -> dict[str, Any] | None:
+    """One look at the run beside its rows: its report, or the one written for a run that failed, never
+    started or ended without one; None while it goes on."""
+    report = out / "report.json"
+    if report.exists():
+        with contextlib.suppress(ValueError):
+            return json.loads(report.read_text(encoding="utf-8"))
+    err = out / "flower" / "server-error.txt"
+    if err.exists():
+        time.sleep(1.0)  # the report of a failure during training follows the error
+        if not report.exists():
+            raise DeploymentError("the ServerApp failed: " + err.read_text(encoding="utf-8").strip())
+    w.started = w.started or seen > 0 or (out / "config.toml").exists()  # written as the ServerApp begins
+    link = dep.procs.get("superlink")
+    if link is not None and link.poll() is not None and w.link_dead_at is None:
+        w.link_dead_at = time.monotonic()
+        console.print(f"[red]the SuperLink exited (status {link.returncode}); waiting up to "
+                      f"{opts.link_timeout_s + 15:g} s for the ServerApp's report[/]")
+    if w.link_dead_at is not None:
+        if time.monotonic() - w.link_dead_at > opts.link_timeout_s + 15:
+            return _failure_report(job, out, f"the SuperLink exited (status {link.returncode}) at round "
+                                             f"{seen + 1}; the ServerApp left no report")
+        return None
+    late = not w.started and time.monotonic() > w.start_by
+    if late or time.monotonic() > w.next_check:
+        w.next_check = time.monotonic() + 15.0
+        status = run_status(dep.home, run_id)
+        w.started = w.started or _started(status)
+        if not w.started and time.monotonic() > w.start_by:
+            return _not_started(job, out, dep.home, run_id, status, opts, dep.logs / "superlink.log")
+        if str(status.get("status", "")).startswith("finished") and w.finished_at is None:
+            w.finished_at = time.monotonic()
+        if w.finished_at is not None and time.monotonic() - w.finished_at > 10:
+            return _failure_report(job, out, f"the Flower run ended ({status.get('status')}) without a report; "
+                                             f"see {dep.logs}")
+    return None
+
+
 def follow(job: Job, out: Path, dep: LocalDeployment, run_id: int, *, console: Console,
            opts: FlowerOptions, on_round: Any = None) -> dict[str, Any]:
     """Follow the run until its report exists; return the report document."""
@@ -119,9 +231,7 @@ def follow(job: Job, out: Path, dep: LocalDeployment, run_id: int, *, console: C
 
     total = _iterations(job)
     seen = 0
-    link_dead_at: float | None = None
-    next_check = time.monotonic() + 15.0
-    finished_at: float | None = None
+    watch = _Watch(start_by=time.monotonic() + opts.start_timeout_s, next_check=time.monotonic() + 15.0)
     progress = Progress(TextColumn("[bold blue]round (flower)"), MofNCompleteColumn(), BarColumn(),
                         TextColumn("acc {task.fields[acc]}"), TextColumn("up {task.fields[up]}"),
                         TextColumn("down {task.fields[down]}"), TimeElapsedColumn(), console=console)
@@ -140,31 +250,9 @@ def follow(job: Job, out: Path, dep: LocalDeployment, run_id: int, *, console: C
                     if on_round is not None:
                         on_round(r)
                 seen = len(records)
-                report = out / "report.json"
-                if report.exists():
-                    with contextlib.suppress(ValueError):
-                        return json.loads(report.read_text(encoding="utf-8"))
-                err = out / "flower" / "server-error.txt"
-                if err.exists():
-                    time.sleep(1.0)  # the report of a failure during training follows the error
-                    if not report.exists():
-                        raise DeploymentError("the ServerApp failed: " + err.read_text(encoding="utf-8").strip())
-                link = dep.procs.get("superlink")
-                if link is not None and link.poll() is not None and link_dead_at is None:
-                    link_dead_at = time.monotonic()
-                    console.print(f"[red]the SuperLink exited (status {link.returncode}); waiting up to "
-                                  f"{opts.link_timeout_s + 15:g} s for the ServerApp's report[/]")
-                if link_dead_at is not None and time.monotonic() - link_dead_at > opts.link_timeout_s + 15:
-                    return _failure_report(job, out, f"the SuperLink exited (status {link.returncode}) at round "
-                                                     f"{seen + 1}; the ServerApp left no report")
-                if link_dead_at is None and time.monotonic() > next_check:
-                    next_check = time.monotonic() + 15.0
-                    status = str(run_status(dep.home, run_id).get("status", ""))
-                    if status.startswith("finished") and finished_at is None:
-                        finished_at = time.monotonic()
-                    if finished_at is not None and time.monotonic() - finished_at > 10:
-                        return _failure_report(job, out, f"the Flower run ended ({status}) without a report; "
-                                                         f"see {dep.logs}")
+                report = _look(job, out, dep, run_id, watch, seen, console=console, opts=opts)
+                if report is not None:
+                    return report
                 time.sleep(0.5)
             except KeyboardInterrupt:
                 if cancelled:
@@ -260,7 +348,8 @@ def _show(report: dict[str, Any], out: Path, console: Console) -> int:
 
 
 def _run_remote(job: Job, out: Path, opts: FlowerOptions, *, console: Console) -> int:
-    """Submit to a running SuperLink and stream the run's log until it ends."""
+    """Submit to a running SuperLink, wait until it starts the run (else report ``ENGINE_FAILURE``), then
+    stream the run's log until it ends."""
     import tempfile
 
     if not opts.insecure and not opts.root_certificates:
@@ -274,12 +363,16 @@ def _run_remote(job: Job, out: Path, opts: FlowerOptions, *, console: Console) -
         sub = submit(job.dump(), out, work, home, run_config=opts.run_config())
         console.print(f"Flower run {sub.run_id} on {opts.superlink}; the run directory {out} is written on "
                       "the SuperLink's host")
-        argv = [_bin("flwr"), "log", str(sub.run_id), "sluice", "--stream"]
+        stop = [_bin("flwr"), "stop", str(sub.run_id), "sluice"]
         try:
-            subprocess.run(argv, env=flower_env(home), check=False)
+            status = _await_start(home, sub.run_id, opts)
+            if not _started(status):
+                console.print(f"[red]Flower run {sub.run_id} did not start within {opts.start_timeout_s:g} s[/]")
+                return _show(_not_started(job, out, home, sub.run_id, status, opts), out, console)
+            subprocess.run([_bin("flwr"), "log", str(sub.run_id), "sluice", "--stream"], env=flower_env(home),
+                           check=False)
         except KeyboardInterrupt:
-            subprocess.run([_bin("flwr"), "stop", str(sub.run_id), "sluice"], env=flower_env(home),
-                           check=False, timeout=60)
+            subprocess.run(stop, env=flower_env(home), check=False, timeout=60)
             raise
         status = str(run_status(home, sub.run_id).get("status", ""))
     console.print(f"Flower run {sub.run_id}: {status or 'status unknown'}")
