@@ -9,12 +9,13 @@ from sluice.control import Cause, ModelIdentity, train
 from sluice.errors import DataError
 from sluice.local import LocalTrainer
 from sluice.metrics import (
-    coverage_error,
     coverage_metrics,
     coverage_problem_ratio,
+    coverage_ratio_error,
     energy_efficiency,
     energy_efficiency_error,
     energy_metrics,
+    normalised_rmse,
     relative_error,
 )
 
@@ -29,17 +30,35 @@ def test_coverage_problem_ratio_by_hand() -> None:
     np.testing.assert_allclose(sinr_ratio, [0.5, 0.0])
 
 
-def test_coverage_error_from_values_and_from_ratios() -> None:
+def test_coverage_ratio_error_from_values_and_from_ratios() -> None:
     region = np.array([1, 1, 2, 2])
     real = np.array([-120.0, -100.0, -100.0, -100.0])  # ratios 0.5, 0.0
     pred = np.array([-120.0, -119.0, -100.0, -112.0])  # ratios 1.0, 0.5
-    assert coverage_error(real, pred, region, "rsrp") == pytest.approx(0.5)
-    assert coverage_error(real, pred, region, "rsrp", threshold=-125) == 0.0
-    assert coverage_error(np.array([0.1, 0.4]), np.array([0.2, 0.1])) == pytest.approx(0.2)
+    assert coverage_ratio_error(real, pred, region, "rsrp") == pytest.approx(0.5)
+    assert coverage_ratio_error(real, pred, region, "rsrp", threshold=-125) == 0.0
+    assert coverage_ratio_error(np.array([0.1, 0.4]), np.array([0.2, 0.1])) == pytest.approx(0.2)
     with pytest.raises(DataError, match="signal must be"):
-        coverage_error(real, pred, region, "cqi")
+        coverage_ratio_error(real, pred, region, "cqi")
     with pytest.raises(DataError, match="one region per sample"):
         coverage_problem_ratio(real, region[:3])
+
+
+def test_coverage_error_is_the_rmse_over_the_spread_and_no_constant_meets_1() -> None:
+    real = np.array([-120.0, -100.0, -110.0, -90.0])  # mean -105, σ = √125
+    assert normalised_rmse(real, real) == 0.0
+    assert normalised_rmse(real, np.full(4, -105.0)) == pytest.approx(1.0)
+    assert normalised_rmse(real, real + 5.0) == pytest.approx(5 / np.sqrt(125))
+    for c in np.linspace(-130, -80, 11):  # any constant: RMSE² = σ² + (c − mean)²
+        assert normalised_rmse(real, np.full(4, c)) >= 1.0
+    with pytest.raises(DataError, match="all equal"):
+        normalised_rmse(np.ones(3), np.zeros(3))
+    pred = np.column_stack([real + 5.0, np.full(4, 3.0)])  # rsrp off by 5 dB, rsrq a constant
+    target = np.column_stack([real, np.array([-10.0, -12.0, -14.0, -16.0])])
+    fns = coverage_metrics(columns=("rsrp", "rsrq"))
+    assert set(fns) == {"coverage_error", "coverage_error_rsrp", "coverage_error_rsrq"}
+    assert fns["coverage_error_rsrq"](pred, target) > 1.0
+    assert fns["coverage_error"](pred, target) == pytest.approx(
+        (fns["coverage_error_rsrp"](pred, target) + fns["coverage_error_rsrq"](pred, target)) / 2)
 
 
 def test_energy_errors_by_hand() -> None:
@@ -78,13 +97,14 @@ def test_coverage_training_error_stops_training() -> None:
                        metric_fns=fns, seed=1)
     model = ModelIdentity(id="cov", type="coverage_problem_analysis")
     errors: list[float] = []
-    rep = train(eng, {"iterations": 200, "training_error": 0.04}, model=model,
+    rep = train(eng, {"iterations": 200, "training_error": 0.3}, model=model,
                 on_event=lambda ev, p: errors.append(ev.metrics["coverage_error"]))
     assert rep.cause == Cause.CRITERION_MET and rep.fired == "training_error"
     hit = rep.criterion.hits[0]
-    assert hit.observed == errors[-1] <= 0.04 < max(errors)
-    assert all(e > 0.04 for e in errors[:-1])  # stopped at the first iteration that met it
+    assert hit.observed == errors[-1] <= 0.3 < max(errors)
+    assert all(e > 0.3 for e in errors[:-1])  # stopped at the first iteration that met it
     assert {"coverage_error_rsrp", "coverage_error_rsrq", "coverage_error_sinr"} <= set(rep.performance)
+    assert {"coverage_ratio_error", "coverage_ratio_error_rsrp"} <= set(rep.performance)
     assert rep.performance["coverage_error"] == pytest.approx(
         np.mean([rep.performance[f"coverage_error_{s}"] for s in ("rsrp", "rsrq", "sinr")]))
 

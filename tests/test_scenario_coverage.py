@@ -200,13 +200,16 @@ def test_signal_metrics_zero_for_truth_and_grow_with_error():
     rows = d.test
     y = d.y[rows].astype(np.float64)
     fns = spec.metrics(d, rows)
-    assert set(fns) == {"coverage_error", "coverage_error_rsrp", "coverage_error_rsrq", "coverage_error_sinr",
-                        "rsrp_error", "rsrq_error", "sinr_error", "problem_ratio_error"}
+    signals = {f"coverage{kind}_error{s}" for kind in ("", "_ratio") for s in ("", "_rsrp", "_rsrq", "_sinr")}
+    assert set(fns) == signals | {"rsrp_error", "rsrq_error", "sinr_error", "problem_ratio_error"}
     assert all(f(y, y) == 0.0 for f in fns.values())
     worse = y - np.array([10.0, 0.0, 0.0])
     assert fns["rsrp_error"](worse, y) == pytest.approx(10.0)
     assert fns["rsrq_error"](worse, y) == 0.0
-    assert fns["coverage_error_rsrp"](worse, y) > 0 and fns["problem_ratio_error"](worse, y) > 0
+    assert fns["coverage_error_rsrp"](worse, y) == pytest.approx(10.0 / y[:, 0].std())
+    assert fns["coverage_error"](worse, y) == pytest.approx(10.0 / y[:, 0].std() / 3)
+    assert fns["coverage_ratio_error_rsrp"](worse, y) > 0 and fns["problem_ratio_error"](worse, y) > 0
+    assert fns["coverage_error"](np.tile(y.mean(0), (len(y), 1)), y) == pytest.approx(1.0)  # the mean scores 1
     # engines pass standardised outputs: the wrapped functions undo the scaling first
     _, ys = d.scaled()
     wrapped = scaled_metric_fns(d, rows, spec)

@@ -140,8 +140,8 @@ class CoverageParams(Section):
     load_max: float = Field(0.9, gt=0, le=1, description="highest cell load (RE occupancy)")
     weak_rsrp_dbm: float = Field(THRESHOLDS["rsrp"], description="weak coverage below this RSRP")
     hole_rsrp_dbm: float = Field(-120.0, description="coverage hole below this RSRP")
-    rsrq_threshold_db: float = Field(THRESHOLDS["rsrq"], description="poor quality below (coverage_error_rsrq)")
-    sinr_threshold_db: float = Field(THRESHOLDS["sinr"], description="interference below (coverage_error_sinr)")
+    rsrq_threshold_db: float = Field(THRESHOLDS["rsrq"], description="poor quality below (coverage_ratio_error_rsrq)")
+    sinr_threshold_db: float = Field(THRESHOLDS["sinr"], description="interference below (coverage_ratio_error_sinr)")
     pilot_pollution_db: float = Field(6.0, gt=0, description="window below the best cell for pilot pollution")
     pilot_pollution_cells: int = Field(3, ge=1, le=10, description="other cells in the window for pollution")
     overshoot_isd: float = Field(1.0, gt=0, description="overshoot: serving site farther than this × ISD")
@@ -474,10 +474,11 @@ def _row_index(data: ScenarioData, rows: np.ndarray) -> np.ndarray:
 def metrics(data: ScenarioData, rows: np.ndarray) -> dict[str, MetricFn]:
     """Error functions ``f(prediction, target)`` in natural units for ``rows``.
 
-    ``signals``: ``coverage_error[_rsrp|_rsrq|_sinr]`` (:func:`sluice.metrics.coverage_metrics` with this
-    scenario's thresholds and regions), per-signal RMSE ``rsrp_error``/``rsrq_error``/``sinr_error`` (dB) and
-    ``problem_ratio_error`` with the problems derived from the predicted serving RSRP and the measured
-    neighbour RSRP and distance. ``problems``: ``problem_ratio_error`` of the predicted classes (logits or ids)
+    ``signals``: the training error ``coverage_error[_rsrp|_rsrq|_sinr]`` (normalised RMSE, 1 for predicting
+    the mean) and ``coverage_ratio_error[_rsrp|_rsrq|_sinr]`` (:func:`sluice.metrics.coverage_metrics` with
+    this scenario's thresholds and regions), per-signal RMSE ``rsrp_error``/``rsrq_error``/``sinr_error``
+    (dB) and ``problem_ratio_error`` with the problems derived from the predicted serving RSRP and the
+    measured neighbour RSRP and distance. ``problems``: ``problem_ratio_error`` of the predicted classes (logits or ids)
     against the true ones.
     """
     p = CoverageParams.model_validate(data.params)
