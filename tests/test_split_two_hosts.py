@@ -110,6 +110,47 @@ def test_split_certificates_fit_each_role(tmp_path: Path) -> None:
         lis.close(0.5)
 
 
+def test_a_leader_with_the_followers_certificate_is_told_why(tmp_path: Path) -> None:
+    """The issue's mistake: a leader run with the follower's config presents the follower's server certificate;
+    its error says so, not only that it could not connect."""
+    from sluice.transport.grpc_link import GrpcListener, TlsFiles
+    from sluice.vfl.config import SplitConfig
+    from sluice.vfl.links import connect_followers
+
+    pki = tmp_path / "pki"
+    assert main(["certs", str(pki), "--follower", "127.0.0.1"]) == 0
+    f = pki / "follower"
+    files = {"cert": str(f / "follower.pem"), "key": str(f / "follower.key"), "ca": str(f / "ca.pem")}
+    lis = GrpcListener("127.0.0.1:0", TlsFiles(files["cert"], files["key"], files["ca"]))
+    try:
+        cfg = SplitConfig.model_validate({"transport": {"connect_timeout_s": 2.0, "tls": {"enabled": True, **files}}})
+        with pytest.raises(TransportError, match=r"could not connect.*follower\.pem is not a client certificate"):
+            connect_followers(cfg, ["follower-1"], [lis.address])
+        leader = pki / "leader"  # its own client certificate: no such word
+        cfg = SplitConfig.model_validate({"transport": {"connect_timeout_s": 10.0, "tls": {
+            "enabled": True, "cert": str(leader / "leader.pem"), "key": str(leader / "leader.key"),
+            "ca": str(leader / "ca.pem")}}})
+        links = connect_followers(cfg, ["follower-1"], [lis.address])
+        links["follower-1"].close()
+    finally:
+        lis.close(0.5)
+
+
+def test_the_readme_shows_no_cross_host_command_of_its_own() -> None:
+    """The README links to the two-host recipes instead of giving its own: any command of it for another host
+    (a split party, certificates, a SuperLink or SuperNode) must be a line of a recipe run as written here or in
+    tests/test_flower_hosts.py, so that copied from the README it works too."""
+    from test_flower_hosts import recipe as flower_recipe
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    tested = {line.strip() for _, code in recipe() + flower_recipe() for line in code.splitlines()}
+    shown = [line.strip() for block in re.findall(r"^```(?:bash|sh|console)\n(.*?)^```", readme, re.S | re.M)
+             for line in block.splitlines()
+             if re.search(r"split party|sluice certs|superlink|flower-super", line, re.I)]
+    assert [line for line in shown if line not in tested] == []
+    assert "docs/tutorials/split-two-hosts.md" in readme and "docs/how-to/flower-hosts.md" in readme
+
+
 def test_split_certificates_keep_the_ca_and_name_several_followers(tmp_path: Path) -> None:
     pki = tmp_path / "pki"
     assert main(["certs", str(pki), "--follower", "10.0.0.2"]) == 0

@@ -42,8 +42,33 @@ def emulated_links(cfg: SplitConfig, names: list[str]) -> tuple[dict[str, Link],
     return ours, theirs
 
 
+def not_a_client_certificate(t: TlsConfig) -> str:
+    """Why a follower that checks its leader refuses this leader's certificate, or '' when nothing says so:
+    it names a purpose (extended key usage) and client authentication is not one of them, as for a
+    follower's server certificate. The follower logs "unsupported certificate purpose"; the leader only sees
+    that it could not connect. Needs ``cryptography`` (else '')."""
+    if not t.enabled or not t.cert:
+        return ""
+    try:
+        from cryptography import x509
+        from cryptography.x509.oid import ExtendedKeyUsageOID
+    except ImportError:
+        return ""
+    try:
+        cert = x509.load_pem_x509_certificate(Path(t.cert).read_bytes())
+        usages = set(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
+    except (OSError, ValueError, x509.ExtensionNotFound):
+        return ""
+    if usages & {ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.ANY_EXTENDED_KEY_USAGE}:
+        return ""
+    return (f"{t.cert} is not a client certificate (a follower's server certificate?): a follower refuses it "
+            "(\"unsupported certificate purpose\" in its log); give the leader its own, which `sluice certs DIR "
+            "--follower ADDR` makes as DIR/leader/leader.pem (see examples/split_party_leader.toml)")
+
+
 def connect_followers(cfg: SplitConfig, names: list[str], addresses: list[str]) -> dict[str, Link]:
-    """A gRPC link to each listening follower, in order (all closed again if one cannot be reached)."""
+    """A gRPC link to each listening follower, in order (all closed again if one cannot be reached). A
+    failure to connect with a certificate that is not a client certificate says so."""
     if len(addresses) != len(names):
         raise ConfigError(
             f"config says followers = {len(names)} but {len(addresses)} addresses were given; give one "
@@ -53,9 +78,12 @@ def connect_followers(cfg: SplitConfig, names: list[str], addresses: list[str]) 
     try:
         for name, addr in zip(names, addresses, strict=True):
             links[name] = connect(addr, cfg.transport.connect_timeout_s, tls_files(cfg.transport.tls), "leader")
-    except BaseException:
+    except BaseException as exc:
         for link in links.values():
             link.close()
+        why = not_a_client_certificate(cfg.transport.tls) if isinstance(exc, TransportError) else ""
+        if why:
+            raise TransportError(f"{exc}; {why}") from exc
         raise
     return links
 
