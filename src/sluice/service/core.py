@@ -1106,26 +1106,7 @@ class TrainingService:
         ident = report.get("model") or proc.internal.get("model") or {}
         if model_bytes:
             ident = report["model"] = stored_identity(tx, ident)
-            base = safe_id(f"{ident.get('id', 'model')}-v{ident.get('version', '1')}")
-            model_ldn = f"{self.repo}/MLModel={base}"
-            if tx.get(model_ldn) is not None:
-                model_ldn = f"{self.repo}/MLModel={base}-{pid}"
-            req = tx.get(proc.internal["request"])
-            mattrs: dict[str, Any] = {"mLModelId": str(ident.get("id", "model")),
-                                      "mLModelVersion": str(ident.get("version", "1")),
-                                      "mLTrainingType": "INITIAL_TRAINING" if proc.internal.get(
-                                          "trigger") == "CONSUMER_REQUEST" else "RE_TRAINING"}
-            if req is not None and req.attributes.get("aIMLInferenceName"):
-                mattrs["aIMLInferenceName"] = req.attributes["aIMLInferenceName"]
-            elif ident.get("type"):
-                mattrs["aIMLInferenceName"] = ident["type"]
-            digest = hashlib.sha256(model_bytes).hexdigest()
-            tx.create(model_ldn, "MLModel", mattrs, {"sluice-model": {
-                "engine": proc.internal.get("kind"), "file": model_name or "model.pt", "bytes": len(model_bytes),
-                "sha256": digest, "mediaType": "application/octet-stream",
-                "download": "GET this resource with Accept: application/octet-stream",
-                "trainingReportRef": ldn_to_dn(rep_ldn), "type": ident.get("type")}}, inherited(proc.internal))
-            tx.s.add(Artifact(dn=model_ldn, content=model_bytes, sha256=digest, size=len(model_bytes)))
+            model_ldn = self._store_model(tx, proc, ident, model_bytes, model_name, rep_ldn)
         perf = {k: v for k, v in (report.get("performance") or {}).items() if _finite(v)}
         rattrs: dict[str, Any] = {
             "modelPerformanceTraining": [{"performanceMetric": k, "performanceScore": v}
@@ -1178,6 +1159,32 @@ class TrainingService:
         ckpt = tx.s.get(Checkpoint, proc.dn)
         if ckpt is not None:
             tx.s.delete(ckpt)
+
+    def _store_model(self, tx: Tx, proc: MOI, ident: dict[str, Any], model_bytes: bytes, model_name: str | None,
+                     rep_ldn: str) -> str:
+        """The ``MLModel`` of a process that trained one, with its file; its LDN."""
+        pid = id_of(proc.dn)
+        base = safe_id(f"{ident.get('id', 'model')}-v{ident.get('version', '1')}")
+        model_ldn = f"{self.repo}/MLModel={base}"
+        if tx.get(model_ldn) is not None:
+            model_ldn = f"{self.repo}/MLModel={base}-{pid}"
+        req = tx.get(proc.internal["request"])
+        mattrs: dict[str, Any] = {"mLModelId": str(ident.get("id", "model")),
+                                  "mLModelVersion": str(ident.get("version", "1")),
+                                  "mLTrainingType": "INITIAL_TRAINING" if proc.internal.get(
+                                      "trigger") == "CONSUMER_REQUEST" else "RE_TRAINING"}
+        if req is not None and req.attributes.get("aIMLInferenceName"):
+            mattrs["aIMLInferenceName"] = req.attributes["aIMLInferenceName"]
+        elif ident.get("type"):
+            mattrs["aIMLInferenceName"] = ident["type"]
+        digest = hashlib.sha256(model_bytes).hexdigest()
+        tx.create(model_ldn, "MLModel", mattrs, {"sluice-model": {
+            "engine": proc.internal.get("kind"), "file": model_name or "model.pt", "bytes": len(model_bytes),
+            "sha256": digest, "mediaType": "application/octet-stream",
+            "download": "GET this resource with Accept: application/octet-stream",
+            "trainingReportRef": ldn_to_dn(rep_ldn), "type": ident.get("type")}}, inherited(proc.internal))
+        tx.s.add(Artifact(dn=model_ldn, content=model_bytes, sha256=digest, size=len(model_bytes)))
+        return model_ldn
 
     @staticmethod
     def _train_ratio(proc: MOI) -> int | None:
