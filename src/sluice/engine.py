@@ -32,13 +32,35 @@ from sluice.metrics import MetricSpec
 
 
 @dataclass
+class ClientRound:
+    """One client's part in one iteration of a federated engine (one per client the iteration sampled).
+
+    ``client`` is its id (the terminal, in horizontal FL); ``samples`` the training samples it trained on,
+    ``seconds`` its local training time and ``started_at`` when that training began (``time.time()`` of the
+    host that trained: the client's own clock); ``metrics`` what it reported beside its upload
+    (``train_loss``...). ``dropped``: it received the server's message (or was sampled and could not be
+    reached) and uploaded nothing; then it trained on nothing (``samples`` 0, no metrics). ``resynced``: its
+    message was a dense resynchronisation (it rejoined, or what it held was unknown).
+    """
+
+    client: int
+    samples: int = 0
+    seconds: float = 0.0
+    started_at: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    dropped: bool = False
+    resynced: bool = False
+
+
+@dataclass
 class IterationEvent:
     """What an engine reports after each iteration.
 
     ``metrics`` holds whatever the engine measured (``train_loss``, ``test_loss``, ``test_accuracy``,
     ``precision``, ``f1``...). Byte counts are lengths of encoded wire messages for this iteration.
     ``anomaly`` is set when the engine cannot go on as it is (``"INADEQUATE_TRAINING_DATA"``,
-    ``"DIVERGED"``), with a human-readable ``detail``.
+    ``"DIVERGED"``), with a human-readable ``detail``. A federated engine lists in ``clients`` the part each
+    sampled client took (:class:`ClientRound`, in client order); the others leave it empty.
     """
 
     iteration: int
@@ -48,6 +70,7 @@ class IterationEvent:
     seconds: float = 0.0
     anomaly: str | None = None
     detail: str = ""
+    clients: list[ClientRound] = field(default_factory=list)
 
 
 @runtime_checkable

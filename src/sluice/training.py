@@ -50,6 +50,28 @@ def report_table(report: TrainingReport, title: str = "Training report") -> Tabl
     return table
 
 
+CLIENT_ROWS = 20
+""":func:`client_table` shows at most this many clients (report.json holds them all)."""
+
+
+def client_table(report: TrainingReport, title: str = "Clients", limit: int = CLIENT_ROWS) -> Table | None:
+    """Each client's part in a federated training (the report's ``clients``), one row per client, the first
+    ``limit`` of them; None when the report has no clients."""
+    if not report.clients:
+        return None
+    table = Table(title=title)
+    for name in ("client", "rounds", "dropped", "resynced", "samples", "training"):
+        table.add_column(name, justify="right")
+    table.add_column("last performance", overflow="fold")
+    for c in report.clients[:limit]:
+        perf = ", ".join(f"{k} {v:.4g}" for k, v in sorted(c.performance.items()))
+        table.add_row(str(c.id), str(c.rounds), str(c.dropped), str(c.resynced), f"{c.samples:,}",
+                      f"{c.training_s:.2f} s", perf or "-")
+    if len(report.clients) > limit:
+        table.caption = f"the first {limit} of {len(report.clients)} clients (all in report.json)"
+    return table
+
+
 def summary_table(summary: dict[str, Any], title: str) -> Table:
     table = Table(title=title)
     table.add_column("metric")

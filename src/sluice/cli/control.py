@@ -14,7 +14,7 @@ from rich.console import Console
 
 from sluice.cli.common import add_config_arguments
 from sluice.errors import DataError
-from sluice.training import report_table, train_local
+from sluice.training import client_table, report_table, train_local
 
 # ------------------------------------------------------------------------------------------- sluice local
 
@@ -136,7 +136,11 @@ def _report(args: argparse.Namespace) -> int:
     if args.json or args.three_gpp:
         print(json.dumps(threegpp.training_report(report) if args.three_gpp else report.to_json(), indent=2))
     else:
-        Console().print(report_table(report, f"Training report — {args.run_dir}"))
+        console = Console()
+        console.print(report_table(report, f"Training report — {args.run_dir}"))
+        clients = client_table(report)
+        if clients is not None:
+            console.print(clients)
     return 0
 
 
@@ -176,7 +180,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--out", help="directory for the plots (default: runs/data-<dataset>-<timestamp>)")
     s.set_defaults(func=_data_describe)
 
-    r = sub.add_parser("report", help="show the training report of a run")
+    r = sub.add_parser("report", help="show the training report of a run (and its clients, for federated training)")
     r.add_argument("run_dir")
     r.add_argument("--json", action="store_true", help="print JSON instead of a table")
     r.add_argument("--3gpp", dest="three_gpp", action="store_true",

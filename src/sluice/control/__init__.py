@@ -11,6 +11,7 @@ A producer serves requests in the background: ``Producer.start(request)`` return
 :class:`ProcessRegistry` by id. :mod:`sluice.control.threegpp` renders everything in 3GPP terms.
 """
 
+from sluice.control.clients import ClientReport, ClientTally
 from sluice.control.consumer import Consumer, train_many
 from sluice.control.curves import PowerLaw, fit_power_law
 from sluice.control.eta import Estimate, Estimator
@@ -52,6 +53,8 @@ __all__ = [
     "Agreement",
     "Anomaly",
     "Cause",
+    "ClientReport",
+    "ClientTally",
     "Consumer",
     "CriteriaGroup",
     "Criterion",

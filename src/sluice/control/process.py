@@ -42,6 +42,9 @@ and goes on from that iteration as the first one would have: same iteration coun
 criteria state (streaks, plateau bests, loss references) and estimates, no second preflight.
 An event whose ``anomaly`` is ``INADEQUATE_TRAINING_DATA`` did not train and is not counted as an
 iteration.
+
+The clients' parts an event lists (``IterationEvent.clients``) add up into the report's ``clients``
+(:class:`sluice.control.clients.ClientTally`), checkpointed with the rest.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from sluice.control import inbox as _inbox
+from sluice.control.clients import ClientTally
 from sluice.control.eta import Estimate, Estimator
 from sluice.control.feasibility import Feasibility, check_compute, preflight
 from sluice.control.monitor import Anomaly, Firing, Monitor, Observation
@@ -181,6 +185,7 @@ class TrainingProcess:
         self.decision: Firing | Anomaly | None = None
         self.awaited = 0
         self.data_refused: list[str] = []
+        self.clients = ClientTally()  # each client's part, from the events of a federated engine
         self._paused = 0.0
         self._elapsed0 = 0.0
         self.data_taken = 0
@@ -457,6 +462,7 @@ class TrainingProcess:
             reach_probability=e.reach_probability, estimate_note=e.note, model_path=model_path,
             bytes_up=self.bytes_up, bytes_down=self.bytes_down,
             resources_peak=dict(self.peak), awaited_data=self.awaited, data_refused=list(self.data_refused),
+            clients=self.clients.reports(),
         )
 
     def _requirements_met(self) -> bool | None:
@@ -512,6 +518,7 @@ class TrainingProcess:
             "history": [[n, dict(m), dt] for n, m, dt in self.history], "bytes_up": self.bytes_up,
             "bytes_down": self.bytes_down, "peak": dict(self.peak), "awaited": self.awaited,
             "data_refused": list(self.data_refused), "data_taken": self.data_taken, "monitor": self.monitor.state(),
+            "clients": self.clients.state(),
         }
 
     def restore(self, state: Mapping[str, Any]) -> None:
@@ -531,6 +538,7 @@ class TrainingProcess:
             self.awaited, self.data_taken = int(state["awaited"]), int(state["data_taken"])
             self.data_refused = [str(x) for x in state["data_refused"]]
             self.monitor.load_state(state["monitor"])
+            self.clients.load_state(state.get("clients", []))  # none in a checkpoint made before it was kept
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ConfigError(f"not a training process checkpoint: {type(exc).__name__}: {exc}") from None
         self.estimator = self._make_estimator()
@@ -601,6 +609,7 @@ class TrainingProcess:
             metrics = {k: float(v) for k, v in event.metrics.items()}
             self.latest.update(metrics)
             self.history.append((self.n, metrics, dt))
+            self.clients.add(self.n, event.clients)
             self.estimator.add(self.n, metrics, dt)
             if self.sampler is not None:
                 self.resources = dict(self.sampler.sample())

@@ -2,8 +2,10 @@
 
 :class:`TrainingReport` is the seed's "first message": the cause (a criterion met, naming it, or an
 anomaly / failure), the model identity, every performance metric, duration, iterations, progress and the
-estimated remaining duration and iterations, plus the trained model's path when one exists, and the
-termination parameters and requirements in force when training ended.
+estimated remaining duration and iterations, plus the trained model's path when one exists, the
+termination parameters and requirements in force when training ended and, for a federated engine, each
+client's part (:class:`~sluice.control.clients.ClientReport`: rounds taken part in and dropped, samples,
+training time, last performance).
 
 Success is ``CRITERION_MET`` only (:attr:`TrainingReport.ok`); a command exits with the status of
 :data:`EXIT_CODES` for the cause of its report.
@@ -17,6 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_serializer
 
+from sluice.control.clients import ClientReport
 from sluice.control.monitor import Firing
 from sluice.control.params import Cause, ModelIdentity, ProcessState, Requirements, Termination
 
@@ -62,6 +65,8 @@ class TrainingReport(BaseModel):
     resources_peak: dict[str, float] = Field(default_factory=dict)
     awaited_data: int = Field(0, description="times training waited for more data (AWAITING_DATA)")
     data_refused: list[str] = Field(default_factory=list, description="data the engine refused, and why")
+    clients: list[ClientReport] = Field(default_factory=list, description="per client of a federated engine: "
+                                        "its part in training (:mod:`sluice.control.clients`)")
     termination: Termination | None = Field(None, description="the termination parameters in force")
     requirements: Requirements | None = Field(None, description="the training requirements in force")
 

@@ -6,19 +6,35 @@ Names follow TS 28.105 (AI/ML management) and TS 28.104 (``MDAType``): ``MLModel
 ``progressStateInfo``, ``resultStateInfo``), ``RequestStatus`` and ``MLTrainingReport``. Sluice fields
 without a standard attribute travel in a ``VsDataContainer`` (``vsDataType``, ``vsDataFormatVersion``,
 ``vsData``).
+
+Federated clients. TS 28.105 names an FL client by the DN of an ``MLTrainingFunction`` (its
+``fLParticipationInfo.candidateFLClientRefList`` lists "MLTrainingFunction DNs capable of acting as FL
+clients"); Sluice's clients are terminals of one job, not managed functions of their own, so each gets the DN
+of an ``MLTrainingFunction`` beside the server's, named after it (:func:`fl_client_dn`)::
+
+    SubNetwork=SN1,MLTrainingFunction=TF1-client-3      client (terminal) 3 of the job that TF1 serves
+
+The process's ``participatingFLClientRefList`` (:func:`participating_fl_clients`) lists those DNs for every
+client that took part (sampled at least once: one that dropped out or rejoined is listed), and the report's
+``fLReportPerClient`` (:func:`fl_report_per_client`) gives per client its ``clientRef``,
+``numberOfDataSamplesUsed``, ``trainingTimeDuration`` and ``modelPerformanceOnClient``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+from sluice.control.clients import ClientReport
 from sluice.control.params import ModelIdentity, ProcessState, Requirements
 from sluice.control.report import TrainingReport
 from sluice.metrics import OPERATIONAL_METRICS
 
 VS_DATA_FORMAT_VERSION = "1"
+
+DEFAULT_TRAINING_FUNCTION = "SubNetwork=SN1,MLTrainingFunction=TF1"
+"""The DN of the ``MLTrainingFunction`` serving the training when none is given (the service's default)."""
 
 
 def model_identity(model: ModelIdentity) -> dict[str, Any]:
@@ -72,10 +88,60 @@ def vs_data_container(data_type: str, data: dict[str, Any]) -> dict[str, Any]:
     return {"vsDataType": data_type, "vsDataFormatVersion": VS_DATA_FORMAT_VERSION, "vsData": data}
 
 
-def training_report(report: TrainingReport) -> dict[str, Any]:
+def fl_client_dn(client: int, training_function: str = DEFAULT_TRAINING_FUNCTION) -> str:
+    """The DN of federated client ``client`` of the training that the ``MLTrainingFunction`` of DN
+    ``training_function`` (the FL server) serves: the ``MLTrainingFunction`` beside it named
+    ``<its id>-client-<client>`` (module docstring).
+
+    >>> fl_client_dn(3, "SubNetwork=SN1,MLTrainingFunction=TF1")
+    'SubNetwork=SN1,MLTrainingFunction=TF1-client-3'
+    """
+    parent, _, rdn = training_function.rpartition(",")
+    cls, eq, name = rdn.partition("=")
+    if cls.strip() != "MLTrainingFunction" or not eq or not name.strip():
+        raise ValueError(f"not the DN of an MLTrainingFunction: {training_function!r}")
+    own = f"MLTrainingFunction={name.strip()}-client-{int(client)}"
+    return f"{parent},{own}" if parent else own
+
+
+def _clients_of(clients: TrainingReport | Iterable[ClientReport]) -> list[ClientReport]:
+    return list(clients.clients if isinstance(clients, TrainingReport) else clients)
+
+
+def participating_fl_clients(clients: TrainingReport | Iterable[ClientReport],
+                             training_function: str = DEFAULT_TRAINING_FUNCTION) -> list[str]:
+    """``participatingFLClientRefList``: the DN (:func:`fl_client_dn`) of every client that took part (a report's
+    ``clients``: sampled at least once, dropped or not), in id order."""
+    return [fl_client_dn(c.id, training_function) for c in _clients_of(clients) if c.sampled]
+
+
+def fl_report_per_client(clients: TrainingReport | Iterable[ClientReport],
+                         training_function: str = DEFAULT_TRAINING_FUNCTION) -> list[dict[str, Any]]:
+    """``fLReportPerClient``, one ``FLReportPerClient`` per client that took part: ``clientRef`` (its DN),
+    ``numberOfDataSamplesUsed`` (the samples it trained on; 0 for one that only dropped out),
+    ``trainingTimeDuration`` (a ``TimeWindow``: from when its first local training began to when its last one
+    ended, present once it trained; its summed training time is ``training_s`` in the vendor data) and
+    ``modelPerformanceOnClient`` (what it reported the last time it trained, as ``ModelPerformance``)."""
+    out = []
+    for c in _clients_of(clients):
+        if not c.sampled:
+            continue
+        entry: dict[str, Any] = {"clientRef": fl_client_dn(c.id, training_function),
+                                 "numberOfDataSamplesUsed": c.samples}
+        if c.started_at is not None and c.ended_at is not None:
+            entry["trainingTimeDuration"] = {"startTime": c.started_at, "endTime": c.ended_at}
+        entry["modelPerformanceOnClient"] = model_performance(c.performance)
+        out.append(entry)
+    return out
+
+
+def training_report(report: TrainingReport, training_function: str = DEFAULT_TRAINING_FUNCTION) -> dict[str, Any]:
     """An ``MLTrainingReport``: metrics named ``train*`` are training performance, the others validation
     performance, except those about the run rather than the model (:data:`~sluice.metrics.OPERATIONAL_METRICS`:
-    participants, dropped...), which go with every other report field into the ``VsDataContainer``."""
+    participants, dropped...), which go with every other report field into the ``VsDataContainer``. A
+    federated engine's clients give ``fLReportPerClient`` (:func:`fl_report_per_client`, their DNs under
+    ``training_function``, the FL server's DN); their whole entries, rounds dropped included, stay in the
+    ``VsDataContainer`` (``clients``)."""
     perf = model_performance({k: v for k, v in report.performance.items() if k not in OPERATIONAL_METRICS})
     ext = report.to_json()
     for k in ("performance", "model"):
@@ -85,6 +151,7 @@ def training_report(report: TrainingReport) -> dict[str, Any]:
         "mLModelGeneratedRef": report.model_path,
         "modelPerformanceTraining": [p for p in perf if p["performanceMetric"].startswith("train")],
         "modelPerformanceValidation": [p for p in perf if not p["performanceMetric"].startswith("train")],
+        **({"fLReportPerClient": fl_report_per_client(report, training_function)} if report.clients else {}),
         "mLModel": model_identity(report.model),
         "progressStatus": process_monitor(report.status, report.progress_percent, report.cause.value),
         "vsDataContainer": vs_data_container("sluice.TrainingReport", ext),

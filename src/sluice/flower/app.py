@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import traceback
 from functools import lru_cache
 from pathlib import Path
@@ -184,14 +185,18 @@ def train(msg: Message, context: Context) -> Message:
         anchor_round = int(rounds[i])
     down = arrays["down"].data
     reply = RecordDict()
+    timing: dict[str, float] = {}
     if bool(meta["fail"]):  # simulated failure: it received the model, then failed before uploading
         client.sync(down)
     else:
+        started, t0 = time.time(), time.perf_counter()
         upload = client.train(down, data, int(meta["round"]), up_ratio=float(meta["up-ratio"]))
+        timing = {"train-seconds": time.perf_counter() - t0, "train-started": started}
         reply[P.RECORD] = ArrayRecord({"up": _bytes(upload)})
     model_round = int(meta["model-round"])
     context.state[P.STATE_RECORD] = ArrayRecord({"state": _bytes(client.state_bytes())})
     context.state[P.STATE_META] = ConfigRecord({"model-round": model_round, "anchor-round": anchor_round})
     reply[P.META] = ConfigRecord({"terminal": c, "model-round": model_round, "anchor-round": anchor_round,
-                                  "num-examples": len(data), "train-loss": float(client.train_loss or 0.0)})
+                                  "num-examples": len(data), "train-loss": float(client.train_loss or 0.0),
+                                  **timing})
     return Message(reply, reply_to=msg)

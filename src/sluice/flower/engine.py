@@ -22,6 +22,11 @@ Faults:
   :class:`sluice.errors.TrainingError` (the control plane reports ``ENGINE_FAILURE``) instead of the
   Flower client's endless retries.
 
+Each round's event lists every sampled terminal's part (:class:`sluice.engine.ClientRound`), as the
+simulator's: samples and train loss from its reply, the local training time its node measured, ``dropped``
+for a terminal that uploaded nothing (a simulated failure, no answer, no node) and ``resynced`` when its
+message was a dense resynchronisation.
+
 Bytes: ``bytes_up``/``bytes_down`` are Sluice's, ``len()`` of the encoded messages, counted like the
 simulator (a message sent to a terminal that then fails counts; an anchor broadcast counts once per
 terminal in the round it is made, and travels with the terminal's next message). The metrics
@@ -40,11 +45,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from sluice.engine import IterationEvent, Suspendable
+from sluice.engine import ClientRound, IterationEvent, Suspendable
 from sluice.errors import ConfigError, DataError, TaskError, TrainingError
 from sluice.flower import protocol as P
 from sluice.hfl.config import HFLConfig
-from sluice.hfl.engine import ServerModel
+from sluice.hfl.engine import ServerModel, client_metrics
 from sluice.hfl.learner import Learner
 from sluice.hfl.server import Server
 from sluice.metrics import MetricSpec
@@ -243,12 +248,14 @@ class FlowerEngine(ServerModel, Suspendable):
         anchor_mode = cfg.compression.downlink == "anchor"
         shares = cfg.compression.up_shares([self._examples.get(c, self._sizes[c]) for c in sampled.tolist()])
         out: list[tuple[int, Any]] = []
+        parts: dict[int, ClientRound] = {}
         for c, fails, share in zip(sampled.tolist(), failed.tolist(), shares, strict=True):
             down = server.message(c)
             node = self._node_of.get(c)
             if node is None:  # no node serves this terminal now: nothing is sent
                 dropped += 1
                 self._resync.add(c)
+                parts[c] = ClientRound(c, dropped=True)
                 continue
             pending = self._pending.pop(c, [])
             resync = c in self._resync
@@ -273,6 +280,7 @@ class FlowerEngine(ServerModel, Suspendable):
             flower_down += flower_object_bytes(msg)
             self._sent[c] = (server.round, anchor_round)
             out.append((c, msg))
+            parts[c] = ClientRound(c, dropped=True, resynced=resync)  # until its upload arrives
         replies = self._exchange([msg for _, msg in out], self.round_timeout_s)
         weights, losses = [], []
         for (c, _), reply in zip(out, replies, strict=True):  # terminal order (the server sorts anyway)
@@ -288,6 +296,7 @@ class FlowerEngine(ServerModel, Suspendable):
                 continue
             upload = arrays["up"].data
             weight = float(meta["num-examples"])
+            parts[c] = _part(parts[c], meta)
             self._examples[c] = int(weight)
             bytes_up += len(upload)
             server.receive(c, upload, weight)
@@ -302,13 +311,24 @@ class FlowerEngine(ServerModel, Suspendable):
         metrics: dict[str, float] = {"participants": float(len(losses)), "dropped": float(dropped),
                                      "resynced": float(resynced), "nodes": float(len(self._node_of)),
                                      "flower_bytes_up": float(flower_up), "flower_bytes_down": float(flower_down)}
-        return self._round_event(rnd, metrics, losses, weights, bytes_up, bytes_down, t0)
+        return self._round_event(rnd, metrics, losses, weights, bytes_up, bytes_down, t0,
+                                 [parts[c] for c in sorted(parts)])
 
     def _evaluate(self) -> dict[str, float]:
         """Test metrics of the server model, as the simulator computes them after each round (not the
         engine capability ``evaluate``: the simulator does not offer it, and the control plane must decide
         the same way on both)."""
         return self.learner.evaluate(self.server.params, self.server.buffers, self.data.task.test)
+
+
+def _part(sent: ClientRound, meta: Any) -> ClientRound:
+    """A terminal's part in the round once its upload came, from its reply's ``sluice-meta``: samples and
+    train loss, and the local training time and start its node measured (none from a node that does not
+    send them)."""
+    seconds = float(meta["train-seconds"]) if "train-seconds" in meta else 0.0
+    started = float(meta["train-started"]) if "train-started" in meta else None
+    return ClientRound(sent.client, int(meta["num-examples"]), seconds, started,
+                       client_metrics(float(meta["train-loss"])), resynced=sent.resynced)
 
 
 def terminals(task: Any, cfg: HFLConfig) -> tuple[int, list[int]]:

@@ -13,7 +13,8 @@ the Sluice byte count) and a few integers beside them:
   upload, :meth:`sluice.hfl.config.CompressionConfig.up_shares`);
 * uplink (the reply): array record ``sluice`` with ``up`` (the Sluice upload; absent for a simulated
   failure); config record ``sluice-meta`` with ``terminal``, ``model-round``, ``anchor-round``,
-  ``num-examples`` and ``train-loss``;
+  ``num-examples`` and ``train-loss`` and, when it trained, ``train-seconds`` (its local training time) and
+  ``train-started`` (when that began, ``time.time()`` on the node);
 * hello (``QUERY``, sent once to every node the server has not seen): the reply names the node's terminal
   (its ``partition-id`` node configuration) and the rounds of the model and anchor it holds, so that a
   node that restarted with an empty state is found and resynchronised with a dense message.

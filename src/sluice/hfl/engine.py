@@ -10,6 +10,10 @@ closes the round, delivers the anchor broadcast to every client when there is on
 server model on the test set. Bytes counted are ``len()`` of the messages exchanged (an anchor broadcast
 once per client). A networked runtime drives the same two halves; only the transport differs.
 
+Each round's event lists every sampled client's part (:class:`sluice.engine.ClientRound`, in client order):
+its sample count, local training time (``client.train``, timed) and train loss, or ``dropped`` for a client
+that failed; the control plane adds them up into the report's ``clients``.
+
 Data requirements: :meth:`HFLEngine.limit_samples` keeps the first ``m_c`` samples of each client with
 ``Σ m_c = n`` (see there); :meth:`HFLEngine.set_min_samples` makes a round with fewer samples than
 asked report ``INADEQUATE_TRAINING_DATA`` instead of training.
@@ -26,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sluice.engine import IterationEvent, Suspendable
+from sluice.engine import ClientRound, IterationEvent, Suspendable
 from sluice.errors import ConfigError, DataError, TaskError, TrainingError
 from sluice.hfl.client import Client
 from sluice.hfl.config import HFLConfig
@@ -38,6 +42,11 @@ from sluice.tasks import Task, client_datasets, load_task
 from sluice.tasks.resolve import Federation
 from sluice.tasks.task import batch, sample_shape
 from sluice.wire.state import field, pack, unpack
+
+
+def client_metrics(train_loss: float | None) -> dict[str, float]:
+    """What a client reports beside its upload, as its :class:`~sluice.engine.ClientRound` metrics."""
+    return {} if train_loss is None else {"train_loss": float(train_loss)}
 
 
 class ServerModel:
@@ -70,10 +79,11 @@ class ServerModel:
         return num_params(self.learner.model)
 
     def _round_event(self, rnd: int, metrics: dict[str, float], losses: list[float], weights: list[float],
-                     bytes_up: int, bytes_down: int, t0: float) -> IterationEvent:
+                     bytes_up: int, bytes_down: int, t0: float,
+                     clients: list[ClientRound] | None = None) -> IterationEvent:
         """Round ``rnd``'s event: ``metrics`` plus the clients' train loss (weighted by ``weights``) and,
-        every ``train.eval_every`` rounds, the engine's ``_evaluate()``; DIVERGED when a loss is not
-        finite."""
+        every ``train.eval_every`` rounds, the engine's ``_evaluate()``, with each sampled client's part
+        (``clients``); DIVERGED when a loss is not finite."""
         if losses and sum(weights) > 0:
             metrics["train_loss"] = float(np.average(losses, weights=weights))
         if rnd % self.cfg.train.eval_every == 0:
@@ -83,7 +93,8 @@ class ServerModel:
         if bad:
             anomaly, detail = "DIVERGED", f"{bad[0]} is {metrics[bad[0]]} at round {rnd}"
         return IterationEvent(iteration=rnd, metrics=metrics, bytes_up=bytes_up, bytes_down=bytes_down,
-                              seconds=time.perf_counter() - t0, anomaly=anomaly, detail=detail)
+                              seconds=time.perf_counter() - t0, anomaly=anomaly, detail=detail,
+                              clients=list(clients or []))
 
 
 class HFLEngine(ServerModel, Suspendable):
@@ -322,6 +333,7 @@ class HFLEngine(ServerModel, Suspendable):
         failed = self._rng.random(m) < tr.dropout
         bytes_up = bytes_down = 0
         weights, losses = [], []
+        parts: list[ClientRound] = []
         budget = {}  # k/d per upload, only when the budget follows the clients' weights
         if self.cfg.compression.weighted_uploads:
             shares = self.cfg.compression.up_shares([data.sizes[c] for c in sampled.tolist()])
@@ -332,8 +344,12 @@ class HFLEngine(ServerModel, Suspendable):
             client = self.clients[c]
             if fails:  # it received the model, then failed before uploading
                 client.sync(msg)
+                parts.append(ClientRound(c, dropped=True))
                 continue
+            started, t_client = time.time(), time.perf_counter()
             upload = client.train(msg, data.clients[c], rnd, **budget.get(c, {}))
+            parts.append(ClientRound(c, int(data.sizes[c]), time.perf_counter() - t_client, started,
+                                     client_metrics(client.train_loss)))
             bytes_up += len(upload)
             server.receive(c, upload, float(data.sizes[c]))
             weights.append(float(data.sizes[c]))
@@ -344,7 +360,7 @@ class HFLEngine(ServerModel, Suspendable):
                 client.receive_anchor(broadcast)
             bytes_down += n * len(broadcast)
         metrics: dict[str, float] = {"participants": float(len(losses)), "dropped": float(int(failed.sum()))}
-        return self._round_event(rnd, metrics, losses, weights, bytes_up, bytes_down, t0)
+        return self._round_event(rnd, metrics, losses, weights, bytes_up, bytes_down, t0, parts)
 
     def _evaluate(self) -> dict[str, float]:
         """Test metrics of the server model (:meth:`sluice.hfl.learner.Learner.evaluate`)."""
