@@ -1,0 +1,110 @@
+"""The Flower engine's per-client reports equal the simulator's: the ServerApp's :class:`FlowerEngine` and the
+ClientApp's handlers, in this process, over a grid that hands each message to its node's handler (no
+SuperLink, no SuperNode: the deployment itself is tested in tests/test_flower_deploy.py). A node that does
+not answer drops out of its round and rejoins with a dense resynchronisation, in its report too."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+pytest.importorskip("flwr")
+
+from sluice.control import TrainingProcess  # noqa: E402
+from sluice.hfl import HFLEngine  # noqa: E402
+from sluice.jobs import load_job  # noqa: E402
+
+TINY = ["data.num_clients=3", "model.hidden=[16]", "train.local_epochs=1"]
+
+
+class LocalGrid:
+    """A Flower ``Grid`` whose nodes are the ClientApp's handlers, called when a message is pushed, each with
+    its node's own context. ``silent`` holds the (round, terminal) pairs whose message gets no answer."""
+
+    def __init__(self, job_json: str, terminals: int, silent: set[tuple[int, int]] = frozenset()) -> None:
+        from flwr.app import Context, RecordDict
+
+        self.contexts = {100 + c: Context(1, 100 + c, {"partition-id": c}, RecordDict(), {"sluice-job": job_json})
+                         for c in range(terminals)}
+        self.silent = set(silent)
+        self.replies: dict[str, Any] = {}
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.contexts)
+
+    def push_messages(self, messages: list[Any]) -> list[str]:
+        from flwr.app import MessageType
+
+        from sluice.flower import app
+        from sluice.flower import protocol as P
+
+        ids = []
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = msg.object_id  # as the SuperLink sets it
+            ids.append(msg.object_id)
+            meta = msg.content.config_records[P.META]
+            if msg.metadata.message_type == MessageType.TRAIN and (int(meta["round"]), int(meta["terminal"])) \
+                    in self.silent:
+                continue
+            handler = app.hello if msg.metadata.message_type == MessageType.QUERY else app.train
+            self.replies[msg.object_id] = handler(msg, self.contexts[msg.metadata.dst_node_id])
+        return ids
+
+    def pull_messages(self, ids: list[str]) -> list[Any]:
+        return [self.replies.pop(i) for i in ids if i in self.replies]
+
+
+@pytest.fixture
+def task_identity(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a Flower process knows of itself (a message is made only within a run)."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for name in ("_run_id", "_task_id", "_node_id"):
+        monkeypatch.setattr(TaskIdentity, name, 1)
+
+
+def _parts(events: list[Any]) -> list[list[tuple]]:
+    return [[(p.client, p.samples, p.dropped, p.resynced, p.metrics) for p in e.clients] for e in events]
+
+
+def _reports(report: Any) -> list[dict[str, Any]]:
+    times = {"training_s", "started_at", "ended_at"}
+    return [{k: v for k, v in c.model_dump().items() if k not in times} for c in report.clients]
+
+
+def test_flower_gives_the_simulators_per_client_reports(task_identity: None) -> None:
+    from sluice.flower.engine import FlowerEngine
+
+    job = load_job("hfl", None, [*TINY, "train.participation=0.67", "train.dropout=0.3", "seed=5"])
+    grid = LocalGrid(json.dumps(job.dump()), 3)
+    runs = []
+    for engine in (HFLEngine(job.config), FlowerEngine(job.config, grid, round_timeout_s=5.0, poll_s=0.0)):
+        events: list[Any] = []
+        report = TrainingProcess(engine, {"iterations": 4}, on_event=lambda e, _, ev=events: ev.append(e)).run()
+        runs.append((events, report))
+    (sim_events, sim), (fl_events, fl) = runs
+    assert _parts(fl_events) == _parts(sim_events)
+    assert [e.metrics["test_accuracy"] for e in fl_events] == [e.metrics["test_accuracy"] for e in sim_events]
+    assert _reports(fl) == _reports(sim)
+    assert sum(c.dropped for c in fl.clients) > 0  # the simulated failures
+    assert all(c.training_s > 0 and c.started_at for c in fl.clients if c.rounds)  # timed on the node
+
+
+def test_a_node_that_does_not_answer_drops_out_and_rejoins(task_identity: None) -> None:
+    from sluice.flower.engine import FlowerEngine
+
+    job = load_job("hfl", None, [*TINY, "train.participation=1.0"])
+    grid = LocalGrid(json.dumps(job.dump()), 3, silent={(2, 1)})
+    events: list[Any] = []
+    report = TrainingProcess(FlowerEngine(job.config, grid, round_timeout_s=0.5, poll_s=0.0), {"iterations": 3},
+                             on_event=lambda e, _: events.append(e)).run()
+    assert [[(p.client, p.dropped, p.resynced) for p in e.clients] for e in events] == [
+        [(0, False, False), (1, False, False), (2, False, False)],
+        [(0, False, False), (1, True, False), (2, False, False)],
+        [(0, False, False), (1, False, True), (2, False, False)],
+    ]
+    c1 = report.clients[1]
+    assert (c1.rounds, c1.dropped, c1.resynced, c1.last_round) == (2, 1, 1, 3)
+    assert [(c.rounds, c.dropped) for c in report.clients] == [(3, 0), (2, 1), (3, 0)]
