@@ -28,7 +28,8 @@ def _engine(*sets: str) -> HFLEngine:
 def test_every_client_reports_its_samples_time_and_loss_every_round() -> None:
     engine = _engine("train.participation=1.0")
     events = []
-    report = TrainingProcess(engine, {"iterations": 4}, on_event=lambda e, _: events.append(e)).run()
+    proc = TrainingProcess(engine, {"iterations": 4}, on_event=lambda e, _: events.append(e))
+    report = proc.run()
     sizes = engine.data.sizes
     for ev in events:
         assert [p.client for p in ev.clients] == list(range(6))
@@ -48,6 +49,7 @@ def test_every_client_reports_its_samples_time_and_loss_every_round() -> None:
         assert c.performance == events[-1].clients[c.id].metrics
         assert c.started_at <= c.ended_at
     assert "clients" not in report.performance and "clients" in report.to_json()
+    assert proc.progress_status()["participating_clients"] == list(range(6))
 
 
 def test_dropouts_are_counted_per_client() -> None:
@@ -64,6 +66,7 @@ def test_dropouts_are_counted_per_client() -> None:
     for e in events:  # three of six sampled a round; a dropped client trained on nothing
         assert len(e.clients) == 3
         assert all(p.samples == 0 and not p.metrics and p.seconds == 0 for p in e.clients if p.dropped)
+    assert [c.id for c in report.clients] == sorted({p.client for e in events for p in e.clients})
     dropped_only = [c for c in report.clients if c.rounds == 0]
     assert all(c.performance == {} and c.started_at is None for c in dropped_only)
 

@@ -78,6 +78,10 @@ class ClientTally:
         """Every client seen, in id order (copies)."""
         return [self._clients[c].model_copy(deep=True) for c in sorted(self._clients)]
 
+    def participating(self) -> list[int]:
+        """The ids of the clients that took part so far (sampled at least once), in order."""
+        return sorted(c for c, r in self._clients.items() if r.sampled)
+
     def state(self) -> list[dict[str, Any]]:
         """The tally as plain dicts (a process checkpoint's ``clients``)."""
         return [r.model_dump(mode="json") for r in self.reports()]

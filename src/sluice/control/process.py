@@ -263,7 +263,8 @@ class TrainingProcess:
     def progress_status(self) -> dict[str, Any]:
         """Live status: the TS 28.105 ``ProcessMonitor`` fields (``status``, ``progressPercentage``,
         ``progressStateInfo``, ``resultStateInfo``) plus iterations done, active training time, the latest
-        metrics, progress and the current estimates of what remains (JSON-ready)."""
+        metrics, progress, the current estimates of what remains and the ids of the clients of a federated
+        engine that took part so far (``participating_clients``: sampled at least once) (JSON-ready)."""
         e = self.estimate()
         return json_ready({
             "status": self.state.value,
@@ -284,6 +285,7 @@ class TrainingProcess:
             "bytes_up": self.bytes_up,
             "bytes_down": self.bytes_down,
             "data_refused": list(self.data_refused),
+            "participating_clients": self.clients.participating(),
         })
 
     # ----------------------------------------------------------------------------------- internals
