@@ -86,7 +86,9 @@ def test_flower_gives_the_simulators_per_client_reports(task_identity: None) -> 
         runs.append((events, report))
     (sim_events, sim), (fl_events, fl) = runs
     assert _parts(fl_events) == _parts(sim_events)
-    assert [e.metrics["test_accuracy"] for e in fl_events] == [e.metrics["test_accuracy"] for e in sim_events]
+    for key in ("test_accuracy", "train_loss", "participants", "dropped"):
+        assert [e.metrics[key] for e in fl_events] == [e.metrics[key] for e in sim_events], key
+    assert [(e.bytes_up, e.bytes_down) for e in fl_events] == [(e.bytes_up, e.bytes_down) for e in sim_events]
     assert _reports(fl) == _reports(sim)
     assert sum(c.dropped for c in fl.clients) > 0  # the simulated failures
     assert all(c.training_s > 0 and c.started_at for c in fl.clients if c.rounds)  # timed on the node

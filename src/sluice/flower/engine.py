@@ -243,7 +243,7 @@ class FlowerEngine(ServerModel, Suspendable):
         m = max(1, round(tr.participation * self.n))
         sampled = np.sort(self._rng.choice(self.n, size=m, replace=False))
         failed = self._rng.random(m) < tr.dropout
-        bytes_up = bytes_down = flower_up = flower_down = 0
+        bytes_down = flower_down = 0
         dropped = resynced = 0
         anchor_mode = cfg.compression.downlink == "anchor"
         shares = cfg.compression.up_shares([self._examples.get(c, self._sizes[c]) for c in sampled.tolist()])
@@ -282,8 +282,30 @@ class FlowerEngine(ServerModel, Suspendable):
             out.append((c, msg))
             parts[c] = ClientRound(c, dropped=True, resynced=resync)  # until its upload arrives
         replies = self._exchange([msg for _, msg in out], self.round_timeout_s)
-        weights, losses = [], []
-        for (c, _), reply in zip(out, replies, strict=True):  # terminal order (the server sorts anyway)
+        weights, losses, bytes_up, flower_up, lost = self._receive(out, replies, parts)
+        dropped += lost
+        broadcast = server.close_round()
+        if broadcast is not None:  # every terminal gets it with its next message
+            self._anchor = server.params.copy(), server.replayed_velocity()
+            for c in range(self.n):
+                self._pending.setdefault(c, []).append((server.round, broadcast))
+            bytes_down += self.n * len(broadcast)
+        metrics: dict[str, float] = {"participants": float(len(losses)), "dropped": float(dropped),
+                                     "resynced": float(resynced), "nodes": float(len(self._node_of)),
+                                     "flower_bytes_up": float(flower_up), "flower_bytes_down": float(flower_down)}
+        return self._round_event(rnd, metrics, losses, weights, bytes_up, bytes_down, t0,
+                                 [parts[c] for c in sorted(parts)])
+
+    def _receive(self, out: list[tuple[int, Any]], replies: list[Any],
+                 parts: dict[int, ClientRound]) -> tuple[list[float], list[float], int, int, int]:
+        """Hand the server the uploads among ``replies`` (to the messages ``out``, in terminal order: the server
+        sorts anyway) and fill in the parts of the terminals that sent one. Returns the uploads' weights and
+        train losses, Sluice's and Flower's bytes up, and how many terminals dropped (no answer, an error, or
+        a simulated failure)."""
+        weights: list[float] = []
+        losses: list[float] = []
+        bytes_up = flower_up = dropped = 0
+        for (c, _), reply in zip(out, replies, strict=True):
             if reply is None or reply.has_error() or not reply.has_content():
                 dropped += 1
                 self._resync.add(c)  # what the node applied is unknown: its next message is dense
@@ -299,20 +321,10 @@ class FlowerEngine(ServerModel, Suspendable):
             parts[c] = _part(parts[c], meta)
             self._examples[c] = int(weight)
             bytes_up += len(upload)
-            server.receive(c, upload, weight)
+            self.server.receive(c, upload, weight)
             weights.append(weight)
             losses.append(float(meta["train-loss"]))
-        broadcast = server.close_round()
-        if broadcast is not None:  # every terminal gets it with its next message
-            self._anchor = server.params.copy(), server.replayed_velocity()
-            for c in range(self.n):
-                self._pending.setdefault(c, []).append((server.round, broadcast))
-            bytes_down += self.n * len(broadcast)
-        metrics: dict[str, float] = {"participants": float(len(losses)), "dropped": float(dropped),
-                                     "resynced": float(resynced), "nodes": float(len(self._node_of)),
-                                     "flower_bytes_up": float(flower_up), "flower_bytes_down": float(flower_down)}
-        return self._round_event(rnd, metrics, losses, weights, bytes_up, bytes_down, t0,
-                                 [parts[c] for c in sorted(parts)])
+        return weights, losses, bytes_up, flower_up, dropped
 
     def _evaluate(self) -> dict[str, float]:
         """Test metrics of the server model, as the simulator computes them after each round (not the
