@@ -10,9 +10,10 @@ it measures
   down, ``len()`` of every message).
 
 Both federated runs use the same model, rounds, learning rate, participation and seeds; the centralised
-run the same model and learning rate. The type-specific error is ``coverage_error`` (coverage: mean
-|predicted − real| weak-signal share per region), ``energy_error`` (energy: mean relative L1 error of
-consumption and efficiency) and ``1 − anomaly_f1`` (kpi_anomaly: the anomaly-vs-normal F1 as an error).
+run the same model and learning rate. The type-specific error is ``coverage_error`` (coverage: RMSE of
+RSRP / RSRQ / SINR over their standard deviation, averaged; predicting the mean scores 1),
+``energy_error`` (energy: mean relative L1 error of consumption and efficiency) and ``1 − anomaly_f1``
+(kpi_anomaly: the anomaly-vs-normal F1 as an error).
 Because it moves from one evaluation to the next, a run's error is the mean over its last ``--tail``
 evaluations, then averaged over the seeds. The target: the compressed model within 10 % of dense FedAvg's
 error (``err_sluice ≤ 1.1 · err_dense``) with at least 50× fewer bytes.
