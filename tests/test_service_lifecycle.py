@@ -102,6 +102,7 @@ def test_cancel_without_a_worker_ends_at_once() -> None:
         assert r.cancelling and r.phase is phase
         assert fx == (EndWith("CANCELLED", "CANCELLED", "cancelled before training started", 0),)
         assert request_status(r, "NOT_STARTED") == "CANCELLING"
+        assert transition(r, Started()) == (r, ())  # the queue never picks it meanwhile
         r, _ = transition(r, Ended())
         assert request_status(r, "CANCELLED") == "CANCELLED"
 

@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 from sluice.errors import SluiceError
+from sluice.service.lifecycle import Phase
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ class ChainCancels:
         with self.store.read() as s:
             for row in s.scalars(query.order_by(MOI.seq)):
                 i = row.internal or {}
-                if i.get("kind") != "chain" or i.get("phase") != "ended":
+                if i.get("kind") != "chain" or i.get("phase") != Phase.ENDED:
                     continue
                 done = i.get(RECORD_KEY) or {}
                 cid = chain_id_of(row.dn, row.seq, row.created_at)

@@ -19,10 +19,12 @@ in ``AWAITING_AGREEMENT`` until the consumer accepts (``{"accept": true}``) or m
 PATCHing the process). Feedback (``sluice-feedback`` on the request: ``{"metric", "value"}``) and new
 training data on an ended process start a retraining (T7): a new process, the next model version.
 
-Process life (``internal.phase``): ``proposed`` → ``queued`` → ``starting`` → ``running`` → ``ended``. The
-request's ``requestStatus`` follows its latest process: NOT_STARTED (proposed, queued, starting),
-IN_PROGRESS (running or awaiting data), SUSPENDED, CANCELLING (cancel asked, not yet ended), FINISHED,
-CANCELLED (cancelled, or refused before training: feasibility, a job that cannot be built).
+Process life (``internal.phase``, :class:`~sluice.service.lifecycle.Phase`): ``proposed`` → ``queued`` →
+``starting`` → ``running`` → ``ended``, as the pure transitions of :mod:`sluice.service.lifecycle`; this
+module carries out their effects. The request's ``requestStatus`` follows its latest process: NOT_STARTED
+(proposed, queued, starting), IN_PROGRESS (running or awaiting data), SUSPENDED, CANCELLING (cancel asked,
+not yet ended), FINISHED, CANCELLED (cancelled, or refused before training: feasibility, a job that cannot be
+built).
 """
 
 from __future__ import annotations
@@ -37,12 +39,32 @@ from sluice.config import merge_patch
 from sluice.control.params import Cause, parse_requirements, parse_termination
 from sluice.control.report import brief
 from sluice.errors import ConfigError, SluiceError
+from sluice.metrics import OPERATIONAL_METRICS
 from sluice.service.auth import Actor, inherited, may_see, tag
 from sluice.service.capabilities import Prober, fit_job, fit_proposal, inference_type
 from sluice.service.cascade import delete_request_tree
 from sluice.service.config import ServiceConfig
 from sluice.service.db import MOI, Artifact, Checkpoint, Upload, make_engine, migrate
 from sluice.service.identity import request_model, stored_identity
+from sluice.service.lifecycle import (
+    Agreed,
+    Cancel,
+    Checkpointed,
+    Created,
+    Ended,
+    EndWith,
+    Interrupted,
+    Iteration,
+    Phase,
+    ProcessRecord,
+    Refused,
+    SendWorker,
+    Started,
+    Suspend,
+    created,
+    request_status,
+    transition,
+)
 from sluice.service.nrm import (
     CM_NOTIFICATION_TYPES,
     READ_ONLY,
@@ -61,13 +83,18 @@ from sluice.service.tasks import check_args, producer_job, producer_task
 from sluice.service.validate import check_data, parse_conditions
 from sluice.service.validate import config_error as _config_error
 from sluice.service.validate import finite as _finite
+from sluice.service.vsdata import feedback as read_feedback
+from sluice.service.vsdata import request_vs
 from sluice.service.worker import Supervisor, WorkerGone
 
 ENDED = ("FINISHED", "FAILED", "CANCELLED")
-RESTARTABLE = ("local", "hfl", "split")
-"""Engine kinds a process of which may train again from scratch when it was interrupted before any
-checkpoint (they train here, from their configuration alone)."""
 _DUMP: dict[str, Any] = {"mode": "json", "exclude_none": True, "exclude_defaults": True}
+
+
+def _phase(proc: MOI) -> Phase:
+    return Phase.of(proc.internal)
+
+
 class TrainingService:
     """One producer: its store, outbox and supervisor; every operation of the REST interface."""
 
@@ -120,42 +147,33 @@ class TrainingService:
         """Processes that were starting or running when the service stopped lost their worker with it: each
         goes back to the queue or ends (:meth:`_requeue_interrupted`). Queued ones stay queued."""
         for row in tx.of_class("MLTrainingProcess"):
-            if row.internal.get("phase") in ("starting", "running"):
+            if _phase(row).active:
                 self._requeue_interrupted(tx, row, "the service stopped")
 
     def _requeue_interrupted(self, tx: Tx, row: MOI, why: str, limit: int | None = None) -> None:
         """A process that lost its worker (``why``: the service stopped, or the worker died) goes back to the
         queue (before anything queued later) to resume from its last checkpoint, or from scratch when it has
-        none and its engine trains here (:data:`RESTARTABLE`); one that can do neither, was being cancelled,
-        or already lost ``limit`` workers, ends (FAILED with the reason, or CANCELLED). Until its worker
-        reports again a resuming process shows ``progressStateInfo`` RESUMING and its request stays
+        none and its engine trains here; one that can do neither, was being cancelled, or already lost ``limit``
+        workers, ends (FAILED with the reason, or CANCELLED): :class:`~sluice.service.lifecycle.Interrupted`.
+        Until its worker reports again a resuming process shows ``progressStateInfo`` RESUMING and its request stays
         IN_PROGRESS; iterations it repeats (those after the checkpoint) change nothing the consumer has
         already seen (``internal.resume.seen``)."""
         st = dict(row.vs_data.get("sluice-status") or {})
         done = int(st.get("iterations", 0) or 0)
         ckpt = tx.s.get(Checkpoint, row.dn)
-        kind, restarts = row.internal.get("kind"), int(row.internal.get("restarts", 0))
-        deaths = int(row.internal.get("deaths", 0)) + (limit is not None)
-        spent = limit is not None and deaths > limit
-        if row.internal.get("cancelling") or spent or (ckpt is None and kind not in RESTARTABLE):
-            cancelled = bool(row.internal.get("cancelling"))
-            detail = (f"cancelled; {why} before the process ended" if cancelled else
-                      f"{why} while this process trained, after {limit} resumed runs" if spent else
-                      f"{why} while this process trained; {done} iterations were done, no "
-                      f"checkpoint was taken and a {kind} job cannot train again from scratch")
-            report = {"cause": Cause.CANCELLED.value if cancelled else Cause.ENGINE_FAILURE.value,
-                      "status": "CANCELLED" if cancelled else "FAILED", "detail": detail, "iterations": done,
-                      "performance": st.get("metrics", {}), "duration_s": st.get("elapsed_s", 0.0),
-                      "model": row.internal.get("model")}
-            self._end_process(tx, row, report, None, None)
-            return
+        before = ProcessRecord.of(row.internal)
+        after, effects = transition(before, Interrupted(why, None if ckpt is None else ckpt.iteration, done, limit))
+        for end in effects:
+            if isinstance(end, EndWith):
+                report = {"cause": end.cause, "status": end.status, "detail": end.detail, "iterations": done,
+                          "performance": st.get("metrics", {}), "duration_s": st.get("elapsed_s", 0.0),
+                          "model": row.internal.get("model")}
+                self._end_process(tx, row, report, None, None)
+                return
         status = dict(row.attributes["progressStatus"])
         if status.get("status") != "SUSPENDED":
             status["progressStateInfo"] = "RESUMING"
-        resume = {"from": 0 if ckpt is None else ckpt.iteration, "seen": max(done, int(
-            (row.internal.get("resume") or {}).get("seen", 0)))}
-        self._set_process(tx, row, attrs={"progressStatus": status},
-                          internal={"phase": "queued", "resume": resume, "restarts": restarts + 1, "deaths": deaths})
+        self._set_process(tx, row, attrs={"progressStatus": status}, internal=after.changes(before))
 
     # ------------------------------------------------------------------ reads
     def get(self, ldn: str, actor: Actor | None = None) -> MOI:
@@ -189,11 +207,8 @@ class TrainingService:
         configuration + model identity), ``model``, ``requirements``, ``termination``, ``decided_by``."""
         from sluice.jobs import ENGINE_KINDS
 
-        job = vs.get("sluice-job")
-        job = dict(job) if isinstance(job, dict) else ({} if job is None else None)
-        if job is None:
-            raise MnSError(400, "sluice-job vsData must be an object (a job: engine = ..., and its sections)",
-                           bad_attributes=["VsDataContainer/sluice-job"])
+        asked = request_vs(attrs, vs)
+        job = dict(asked.job)
         kind = job.pop("engine", self.cfg.default_engine)
         if kind not in ENGINE_KINDS:
             raise MnSError(400, f"sluice-job engine must be one of {', '.join(ENGINE_KINDS)}, got {kind!r}",
@@ -204,36 +219,7 @@ class TrainingService:
                                bad_attributes=["VsDataContainer/sluice-job"])
         if kind == "chain":
             self._check_chain(job)
-        req = vs.get("sluice-requirements")
-        if req is not None and not isinstance(req, dict):
-            raise MnSError(400, "sluice-requirements vsData must be an object",
-                           bad_attributes=["VsDataContainer/sluice-requirements"])
-        req = dict(req or {})
-        perf = attrs.get("performanceRequirements") or []
-        for i, p in enumerate(perf):
-            if not isinstance(p, dict) or not isinstance(p.get("performanceMetric"), str) \
-                    or not _finite(p.get("performanceScore")):
-                raise MnSError(400, f"performanceRequirements[{i}] needs performanceMetric (text) and "
-                               "performanceScore (a number)", bad_attributes=["performanceRequirements"])
-            req.setdefault("performance", {})[p["performanceMetric"]] = float(p["performanceScore"])
-        term = vs.get("sluice-termination")
-        if term is not None and not isinstance(term, dict):
-            raise MnSError(400, "sluice-termination vsData must be an object",
-                           bad_attributes=["VsDataContainer/sluice-termination"])
-        neg = vs.get("sluice-negotiation") or {}
-        if not isinstance(neg, dict):
-            raise MnSError(400, "sluice-negotiation vsData must be an object",
-                           bad_attributes=["VsDataContainer/sluice-negotiation"])
-        decided = neg.get("decidedBy") or ("consumer" if term is not None else "producer")
-        if decided not in ("consumer", "producer", "negotiated"):
-            raise MnSError(400, f"decidedBy must be consumer, producer or negotiated, got {decided!r}",
-                           bad_attributes=["VsDataContainer/sluice-negotiation"])
-        if decided == "consumer" and term is None:
-            raise MnSError(400, "decidedBy consumer needs the termination parameters (sluice-termination)",
-                           bad_attributes=["VsDataContainer/sluice-termination"])
-        if decided != "consumer" and term is not None:
-            raise MnSError(400, f"decidedBy {decided}: the producer sets the termination parameters; send none "
-                           "(or decidedBy consumer)", bad_attributes=["VsDataContainer/sluice-termination"])
+        req, term, decided = asked.requirements, asked.termination, asked.decided_by
         model = dict(job.get("model") or {})
         name = inference_type(attrs.get("aIMLInferenceName"), model.get("type"))
         if name and "type" not in model:
@@ -407,11 +393,11 @@ class TrainingService:
             neg["rationale"] = rationale
             if decided == "negotiated":
                 neg["state"] = "PROPOSED"
-        phase = "proposed" if neg["state"] == "PROPOSED" else "queued"
+        record = created(Created(negotiated=neg["state"] == "PROPOSED", suspended=bool(suspended), kind=job["kind"]))
         status = {"status": "NOT_STARTED", "progressPercentage": 0,
-                  "progressStateInfo": "AWAITING_AGREEMENT" if phase == "proposed" else "QUEUED",
+                  "progressStateInfo": "AWAITING_AGREEMENT" if record.phase is Phase.PROPOSED else "QUEUED",
                   "resultStateInfo": ""}
-        if suspended and phase == "queued":
+        if suspended and record.phase is Phase.QUEUED:
             status.update(status="SUSPENDED", progressStateInfo="SUSPENDED")
         attrs = {"priority": int(req.internal.get("priority", 0)),
                  "terminationConditions": brief(parse_termination(termination)) if termination else "",
@@ -422,9 +408,10 @@ class TrainingService:
             vs["sluice-termination"] = termination
         if job["requirements"]:
             vs["sluice-requirements"] = job["requirements"]
-        internal = {"phase": phase, "request": req.dn, "kind": job["kind"], "raw": job["raw"], "model": model,
-                    "trigger": trigger, "termination": termination, "requirements": job["requirements"],
-                    "suspended": bool(suspended), "queued_at": time.time(), "last_report": last_report,
+        internal = {"phase": record.phase.value, "request": req.dn, "kind": job["kind"], "raw": job["raw"],
+                    "model": model, "trigger": trigger, "termination": termination,
+                    "requirements": job["requirements"], "suspended": record.suspended, "queued_at": time.time(),
+                    "last_report": last_report,
                     **inherited(req.internal)}
         proc = tx.create(ldn, "MLTrainingProcess", attrs, vs, internal)
         ri = dict(req.internal)
@@ -436,20 +423,7 @@ class TrainingService:
     # ------------------------------------------------------------------ request status
     @staticmethod
     def _request_status(proc: MOI) -> str:
-        i = proc.internal
-        st = proc.attributes.get("progressStatus", {}).get("status")
-        phase = i.get("phase")
-        if phase == "ended":
-            if st == "CANCELLED" or i.get("refused"):
-                return "CANCELLED"
-            return "FINISHED"
-        if i.get("cancelling"):
-            return "CANCELLING"
-        if phase in ("proposed", "queued", "starting"):
-            if i.get("suspended"):
-                return "SUSPENDED"
-            return "IN_PROGRESS" if i.get("resume") else "NOT_STARTED"
-        return "SUSPENDED" if st == "SUSPENDED" else "IN_PROGRESS"
+        return request_status(ProcessRecord.of(proc.internal), proc.attributes.get("progressStatus", {}).get("status"))
 
     def _sync_request(self, tx: Tx, proc: MOI) -> None:
         req = tx.get(proc.internal["request"])
@@ -498,7 +472,7 @@ class TrainingService:
         attrs.setdefault("suspendRequest", old_attrs.get("suspendRequest", False))
         feedback = vs.pop("sluice-feedback", None)
         proc = self.get(req.internal["current"])
-        ended = proc.internal.get("phase") == "ended"
+        ended = _phase(proc) is Phase.ENDED
         job_keys = ("sluice-job", "sluice-requirements", "sluice-termination", "sluice-negotiation")
         job_attrs = ("performanceRequirements", "aIMLInferenceName")
         job_changed = any(vs.get(k) != old_vs.get(k) for k in job_keys) or any(
@@ -512,7 +486,7 @@ class TrainingService:
         if suspend_change and ended:
             raise MnSError(409, f"the request has ended ({req.attributes.get('requestStatus')}); it cannot be "
                            "suspended or resumed", bad_attributes=["suspendRequest"])
-        if job_changed and not ended and proc.internal.get("phase") in ("starting", "running"):
+        if job_changed and not ended and _phase(proc).active:
             old_job = req.internal["job"]
             if (new_job["kind"], new_job["raw"], new_job["decided_by"]) != (
                     old_job["kind"], old_job["raw"], old_job["decided_by"]):
@@ -538,11 +512,11 @@ class TrainingService:
                       internal={**cur.internal, "job": new_job})
             p = tx.get(proc.dn)
             assert p is not None
-            if job_changed and p.internal.get("phase") in ("proposed", "queued"):
+            if job_changed and _phase(p).pending:
                 self._requeue_with(tx, cur, p, new_job)
                 p = tx.get(proc.dn)
                 assert p is not None
-            elif job_changed and p.internal.get("phase") in ("starting", "running"):
+            elif job_changed and _phase(p).active:
                 self._set_process(tx, p, vs={k: v for k, v in (
                     ("sluice-termination", new_job["termination"]), ("sluice-requirements", new_job["requirements"]))
                     if v is not None}, attrs={"terminationConditions": brief(parse_termination(
@@ -569,10 +543,10 @@ class TrainingService:
             neg.update(proposal=termination, rationale=rationale)
             if job["decided_by"] == "negotiated":
                 neg["state"] = "PROPOSED"
-        phase = "proposed" if neg["state"] == "PROPOSED" else "queued"
+        phase = Phase.PROPOSED if neg["state"] == "PROPOSED" else Phase.QUEUED
         status = dict(proc.attributes["progressStatus"])
         if not proc.internal.get("suspended"):
-            status["progressStateInfo"] = "AWAITING_AGREEMENT" if phase == "proposed" else "QUEUED"
+            status["progressStateInfo"] = "AWAITING_AGREEMENT" if phase is Phase.PROPOSED else "QUEUED"
         vs = {"sluice-negotiation": neg}
         if termination is not None:
             vs["sluice-termination"] = termination
@@ -584,7 +558,7 @@ class TrainingService:
         a.update(progressStatus=status,
                  terminationConditions=brief(parse_termination(termination)) if termination else "")
         i = dict(proc.internal)
-        i.update(phase=phase, kind=job["kind"], raw=job["raw"], model=job["model"], termination=termination,
+        i.update(phase=phase.value, kind=job["kind"], raw=job["raw"], model=job["model"], termination=termination,
                  requirements=job["requirements"])
         tx.update(proc, attributes=a, vs_data=v, internal=i)
         self._sync_request(tx, proc)
@@ -600,75 +574,73 @@ class TrainingService:
             raise MnSError(status, f"the training process refused it: {ack.get('error')}", bad_attributes=[attr])
 
     @staticmethod
-    def _cancelled_report(proc: MOI) -> dict[str, Any]:
-        """The report of a process cancelled without a worker (proposed, queued, or waiting to resume after
-        a restart: that one keeps the iterations of its last checkpoint)."""
-        done = int((proc.internal.get("resume") or {}).get("from", 0))
-        detail = (f"cancelled while waiting to resume from the checkpoint of iteration {done}" if done
-                  else "cancelled before training started")
-        return {"cause": "CANCELLED", "status": "CANCELLED", "detail": detail, "iterations": done,
+    def _ended_with(proc: MOI, end: EndWith) -> dict[str, Any]:
+        """The report of a process ended without a worker (cancelled while proposed, queued, or waiting to
+        resume after a restart: that one keeps the iterations of its last checkpoint)."""
+        return {"cause": end.cause, "status": end.status, "detail": end.detail, "iterations": end.iterations,
                 "model": proc.internal.get("model")}
+
+    def _send(self, proc_ldn: str, effect: SendWorker) -> None:
+        try:
+            self.supervisor.send(proc_ldn, {"cmd": effect.cmd})
+        except WorkerGone:
+            pass  # it is ending anyway; its done message settles the state
 
     def _cancel_pending(self, tx: Tx, proc: MOI) -> None:
         """End a process that has no worker as CANCELLED, through CANCELLING."""
-        self._set_process(tx, proc, attrs={"cancelProcess": True}, internal={"cancelling": True})
-        self._end_process(tx, proc, self._cancelled_report(proc), None, None)
+        before = ProcessRecord.of(proc.internal)
+        after, effects = transition(before, Cancel())
+        self._set_process(tx, proc, attrs={"cancelProcess": True}, internal=after.changes(before))
+        for end in effects:
+            if isinstance(end, EndWith):
+                self._end_process(tx, proc, self._ended_with(proc, end), None, None)
 
     def _cancel(self, proc_ldn: str) -> None:
         with self.store.write() as tx:
             proc = tx.get(proc_ldn)
             assert proc is not None
-            phase = proc.internal.get("phase")
-            if phase == "ended":
-                return
-            if phase in ("proposed", "queued"):
-                self._set_process(tx, proc, attrs={"cancelProcess": True}, internal={"cancelling": True})
-            else:
-                status = dict(proc.attributes["progressStatus"])
-                status["progressStateInfo"] = "CANCELLING"
-                self._set_process(tx, proc, attrs={"cancelProcess": True, "progressStatus": status},
-                                  internal={"cancelling": True})
-        if phase in ("proposed", "queued"):
-            with self.store.write() as tx:  # a second transaction: CANCELLING, then CANCELLED
-                proc = tx.get(proc_ldn)
-                assert proc is not None
-                self._end_process(tx, proc, self._cancelled_report(proc), None, None)
-            return
-        try:
-            self.supervisor.send(proc_ldn, {"cmd": "cancel"})
-        except WorkerGone:
-            pass  # it is ending anyway; its done message settles the state
+            before = ProcessRecord.of(proc.internal)
+            after, effects = transition(before, Cancel())
+            if not effects:
+                return  # it has ended
+            attrs: dict[str, Any] = {"cancelProcess": True}
+            if before.phase.active:
+                attrs["progressStatus"] = {**proc.attributes["progressStatus"], "progressStateInfo": "CANCELLING"}
+            self._set_process(tx, proc, attrs=attrs, internal=after.changes(before))
+        for effect in effects:
+            if isinstance(effect, EndWith):
+                with self.store.write() as tx:  # a second transaction: CANCELLING, then CANCELLED
+                    proc = tx.get(proc_ldn)
+                    assert proc is not None
+                    self._end_process(tx, proc, self._ended_with(proc, effect), None, None)
+            elif isinstance(effect, SendWorker):
+                self._send(proc_ldn, effect)
 
     def _suspend(self, proc_ldn: str, on: bool) -> None:
         with self.store.write() as tx:
             proc = tx.get(proc_ldn)
             assert proc is not None
-            phase = proc.internal.get("phase")
-            if phase == "ended":
-                raise MnSError(409, f"the process has ended ({proc.attributes['progressStatus']['status']})",
-                               bad_attributes=["suspendProcess"])
-            if phase == "proposed":
-                raise MnSError(409, "the process awaits agreement on its parameters; accept or modify the "
-                               "proposal first", bad_attributes=["suspendProcess"])
-            if phase in ("queued",):
+            before = ProcessRecord.of(proc.internal)
+            after, effects = transition(before, Suspend(on))
+            for effect in effects:
+                if isinstance(effect, Refused):
+                    reason = (f"the process has ended ({proc.attributes['progressStatus']['status']})"
+                              if before.phase is Phase.ENDED else effect.reason)
+                    raise MnSError(effect.code, reason, bad_attributes=["suspendProcess"])
+            attrs: dict[str, Any] = {"suspendProcess": on}
+            if before.phase is Phase.QUEUED:
                 status = dict(proc.attributes["progressStatus"])
                 resuming = bool(proc.internal.get("resume"))  # it trained before the service restarted
                 status.update(status="SUSPENDED" if on else ("RUNNING" if resuming else "NOT_STARTED"),
                               progressStateInfo="SUSPENDED" if on else ("RESUMING" if resuming else "QUEUED"))
-                self._set_process(tx, proc, attrs={"suspendProcess": on, "progressStatus": status},
-                                  internal={"suspended": on})
-                req = tx.get(proc.internal["request"])
-                if req is not None and req.attributes.get("suspendRequest") != on:
-                    tx.update(req, attributes={**req.attributes, "suspendRequest": on})
-                return
-            self._set_process(tx, proc, attrs={"suspendProcess": on}, internal={"suspended": on})
+                attrs["progressStatus"] = status
+            self._set_process(tx, proc, attrs=attrs, internal={"suspended": after.suspended})
             req = tx.get(proc.internal["request"])
             if req is not None and req.attributes.get("suspendRequest") != on:
                 tx.update(req, attributes={**req.attributes, "suspendRequest": on})
-        try:
-            self.supervisor.send(proc_ldn, {"cmd": "suspend" if on else "resume"})
-        except WorkerGone:
-            pass
+        for effect in effects:
+            if isinstance(effect, SendWorker):
+                self._send(proc_ldn, effect)
 
     def modify_process(self, ldn: str, attrs_in: dict[str, Any], vs_in: dict[str, Any], *, merge: bool) -> MOI:
         """PATCH/PUT of a process: cancel, suspend/resume, priority, termination conditions, the answer to
@@ -679,7 +651,8 @@ class TrainingService:
                                   old=proc.attributes)
         for k in ("cancelProcess", "suspendProcess"):
             attrs.setdefault(k, old.get(k, False))
-        phase = proc.internal.get("phase")
+        record = ProcessRecord.of(proc.internal)
+        phase = record.phase
         if "priority" in attrs and (not isinstance(attrs["priority"], int) or isinstance(attrs["priority"], bool)):
             raise MnSError(400, "priority must be an integer", bad_attributes=["priority"])
         data = vs_in.pop("sluice-data", None)
@@ -715,7 +688,7 @@ class TrainingService:
                 raise _config_error(exc, "VsDataContainer/sluice-requirements") from exc
         cancel = attrs["cancelProcess"] and not old.get("cancelProcess", False)
         suspend_change = attrs["suspendProcess"] != old.get("suspendProcess", False)
-        if phase == "ended":
+        if phase is Phase.ENDED:
             if cancel and proc.attributes["progressStatus"]["status"] != "CANCELLED":
                 raise MnSError(409, "the process has ended; it cannot be cancelled", bad_attributes=["cancelProcess"])
             if suspend_change:
@@ -724,14 +697,14 @@ class TrainingService:
             if new_term is not None or new_req is not None:
                 raise MnSError(409, "the process has ended; its parameters cannot change",
                                bad_attributes=["terminationConditions"])
-        if neg is not None and phase != "proposed":
-            raise MnSError(409, "there is no proposal to answer: the parameters are agreed",
-                           bad_attributes=["VsDataContainer/sluice-negotiation"])
+        for effect in transition(record, Agreed()).effects if neg is not None else ():
+            if isinstance(effect, Refused):
+                raise MnSError(effect.code, effect.reason, bad_attributes=["VsDataContainer/sluice-negotiation"])
         if data is not None:
             return self.upload(ldn, data)
-        if phase == "proposed" and (neg is not None or new_term is not None):
+        if phase is Phase.PROPOSED and (neg is not None or new_term is not None):
             self._answer_proposal(ldn, neg, new_term, new_req)
-        elif phase in ("starting", "running") and (new_term is not None or new_req is not None):
+        elif phase.active and (new_term is not None or new_req is not None):
             cmd: dict[str, Any] = {"cmd": "update"}
             if new_term is not None:
                 cmd.update(termination=new_term, replace=replace)
@@ -746,11 +719,11 @@ class TrainingService:
             v: dict[str, Any] = {}
             if "priority" in attrs and attrs["priority"] != p.attributes.get("priority"):
                 a["priority"] = attrs["priority"]
-            if new_term is not None and p.internal.get("phase") != "ended":
+            if new_term is not None and _phase(p) is not Phase.ENDED:
                 a["terminationConditions"] = brief(parse_termination(new_term))
                 v["sluice-termination"] = new_term
                 i["termination"] = new_term
-            if new_req is not None and p.internal.get("phase") != "ended":
+            if new_req is not None and _phase(p) is not Phase.ENDED:
                 v["sluice-requirements"] = new_req
                 i["requirements"] = new_req
             if a or v or i:
@@ -777,6 +750,11 @@ class TrainingService:
         with self.store.write() as tx:
             p = tx.get(ldn)
             assert p is not None
+            before = ProcessRecord.of(p.internal)
+            after, effects = transition(before, Agreed())
+            for effect in effects:  # agreed meanwhile
+                if isinstance(effect, Refused):
+                    raise MnSError(effect.code, effect.reason, bad_attributes=["VsDataContainer/sluice-negotiation"])
             state = dict(p.vs_data.get("sluice-negotiation") or {})
             agreed = new_term if new_term is not None else state.get("proposal")
             state.update(state="AGREED", modified=new_term is not None and new_term != state.get("proposal"),
@@ -784,7 +762,7 @@ class TrainingService:
             status = dict(p.attributes["progressStatus"])
             status.update(progressStateInfo="SUSPENDED" if p.internal.get("suspended") else "QUEUED")
             vs = {"sluice-negotiation": state, "sluice-termination": agreed}
-            internal = {"phase": "queued", "termination": agreed, "queued_at": time.time()}
+            internal = {**after.changes(before), "termination": agreed, "queued_at": time.time()}
             if new_req is not None:
                 vs["sluice-requirements"] = new_req
                 internal["requirements"] = new_req
@@ -802,15 +780,15 @@ class TrainingService:
         if want is not None and width != want:
             raise MnSError(400, f"sluice-data X has {width} features per sample; the training data this request "
                            f"took has {want}", bad_attributes=["VsDataContainer/sluice-data/X"])
-        phase = proc.internal.get("phase")
-        if phase == "ended":
+        phase = _phase(proc)
+        if phase is Phase.ENDED:
             if proc.internal.get("kind") == "split":
                 raise MnSError(400, "split training takes no added data",
                                bad_attributes=["VsDataContainer/sluice-data"])
             self._retrain(proc.internal["request"], "DATA_UPDATED", "training data updated: retraining",
                           upload=(proc_ldn, data))
             return self.get(proc_ldn)
-        if phase in ("starting", "running"):
+        if phase.active:
             self._call(proc, {"cmd": "data", "data": data}, "VsDataContainer/sluice-data")
         with self.store.write() as tx:
             p = tx.get(proc_ldn)
@@ -844,16 +822,14 @@ class TrainingService:
         threshold for the metric; the answer is the request's ``sluice-trigger``."""
         from sluice.control.params import resolve_metric, spec_of
 
-        if not isinstance(fb, dict) or not isinstance(fb.get("metric"), str) or not _finite(fb.get("value")):
-            raise MnSError(400, "sluice-feedback is {metric: name, value: number}",
-                           bad_attributes=["VsDataContainer/sluice-feedback"])
+        fb = read_feedback(fb)
         try:
-            name = resolve_metric(fb["metric"])
+            name = resolve_metric(fb.metric)
             higher = spec_of(name).higher_is_better
         except (ValueError, ConfigError) as exc:
             raise MnSError(400, str(exc), bad_attributes=["VsDataContainer/sluice-feedback"]) from exc
         thr = self.cfg.policy.retrain_below.get(name)
-        value = float(fb["value"])
+        value = fb.value
         req = self.get(req_ldn)
         proc = self.get(req.internal["current"])
         if thr is None:
@@ -861,7 +837,7 @@ class TrainingService:
                       f"{sorted(self.cfg.policy.retrain_below)}"}
         elif (value >= thr) if higher else (value <= thr):
             answer = {"accepted": False, "reason": f"{name} in use {value:g} meets threshold {thr:g}; no retraining"}
-        elif proc.internal.get("phase") != "ended":
+        elif _phase(proc) is not Phase.ENDED:
             answer = {"accepted": False, "reason": "the model is still in training"}
         else:
             self._retrain(req_ldn, "CONSUMER_FEEDBACK", f"{name} in use {value:g} is worse than {thr:g}: retraining")
@@ -885,7 +861,7 @@ class TrainingService:
                                bad_objects=[ldn_to_dn(req_ldn)])
             last = tx.get(req.internal["current"])
             assert last is not None
-            if last.internal.get("phase") != "ended":
+            if _phase(last) is not Phase.ENDED:
                 raise MnSError(409, "the request is still training; retraining starts once it ends")
             if upload is not None:
                 target = tx.get(upload[0])
@@ -908,10 +884,10 @@ class TrainingService:
     def delete_request(self, ldn: str) -> None:
         req = self.get(ldn)
         proc = self.store.get(req.internal.get("current", ""))
-        if proc is not None and proc.internal.get("phase") not in ("ended", "proposed", "queued"):
+        if proc is not None and _phase(proc).active:
             raise MnSError(409, f"the request is {req.attributes.get('requestStatus')}: cancel it "
                            "(cancelRequest: true) and delete it once it has ended")
-        if proc is not None and proc.internal.get("phase") in ("proposed", "queued"):
+        if proc is not None and _phase(proc).pending:
             self._cancel(proc.dn)
         with self.store.write() as tx:
             cur = tx.get(ldn)
@@ -960,7 +936,7 @@ class TrainingService:
     def _pick_next(self) -> dict[str, Any] | None:
         with self.store.write() as tx:
             queued = [p for p in tx.of_class("MLTrainingProcess")
-                      if p.internal.get("phase") == "queued" and not p.internal.get("suspended")]
+                      if transition(ProcessRecord.of(p.internal), Started()).effects]  # queued, not held
             if not queued:
                 return None
             queued.sort(key=lambda p: (-int(p.attributes.get("priority") or 0), p.internal.get("queued_at", 0),
@@ -972,8 +948,10 @@ class TrainingService:
                 sa.select(Upload).where(Upload.request_dn == proc.internal["request"]).order_by(Upload.id))]
             status = dict(proc.attributes["progressStatus"])
             status.update(progressStateInfo="STARTING")
-            self._set_process(tx, proc, attrs={"progressStatus": status}, internal={"phase": "starting",
-                                                                                     "started_at": time.time()})
+            before = ProcessRecord.of(proc.internal)
+            after, _ = transition(before, Started())  # StartWorker: the supervisor starts one with what follows
+            self._set_process(tx, proc, attrs={"progressStatus": status},
+                              internal={**after.changes(before), "started_at": time.time()})
             i = proc.internal
             resume = None
             ckpt = tx.s.get(Checkpoint, proc.dn) if i.get("resume") else None
@@ -998,8 +976,9 @@ class TrainingService:
         if kind == "checkpoint":
             with self.store.write() as tx:
                 proc = tx.get(ldn)
-                if proc is None or proc.internal.get("phase") == "ended":
-                    return
+                if proc is None or not transition(ProcessRecord.of(proc.internal),
+                                                  Checkpointed(int(msg["iteration"]))).effects:
+                    return  # KeepCheckpoint
                 tx.s.merge(Checkpoint(process_dn=ldn, iteration=int(msg["iteration"]), engine_state=msg["engine"],
                                       process_state=msg["process"], created_at=time.time()))
             return
@@ -1009,7 +988,7 @@ class TrainingService:
             pct = status.get("progressPercentage")
             with self.store.write() as tx:
                 proc = tx.get(ldn)
-                if proc is None or proc.internal.get("phase") == "ended":
+                if proc is None or _phase(proc) is Phase.ENDED:
                     return
                 if self._repeated(proc, status):
                     return
@@ -1022,7 +1001,7 @@ class TrainingService:
         if kind == "state":
             with self.store.write() as tx:
                 proc = tx.get(ldn)
-                if proc is None or proc.internal.get("phase") == "ended":
+                if proc is None or _phase(proc) is Phase.ENDED:
                     return
                 if msg["state"] in ENDED:
                     return  # the done message carries the report and the model
@@ -1031,7 +1010,7 @@ class TrainingService:
         if kind == "refused":
             with self.store.write() as tx:
                 proc = tx.get(ldn)
-                if proc is not None and proc.internal.get("phase") != "ended":
+                if proc is not None and _phase(proc) is not Phase.ENDED:
                     self._end_process(tx, proc, {"cause": Cause.CANCELLED.value, "status": "CANCELLED", "iterations": 0,
                                                  "detail": f"refused before training: {msg.get('error')}",
                                                  "model": proc.internal.get("model")}, None, None, refused=True)
@@ -1039,7 +1018,7 @@ class TrainingService:
         if kind in ("failed", "died"):
             with self.store.write() as tx:
                 proc = tx.get(ldn)
-                if proc is None or proc.internal.get("phase") == "ended":
+                if proc is None or _phase(proc) is Phase.ENDED:
                     return
                 if kind == "died":  # killed, or crashed: as after a restart of the service
                     self._requeue_interrupted(tx, proc, f"its worker exited with code {msg.get('exitcode')}",
@@ -1055,7 +1034,7 @@ class TrainingService:
         if kind == "done":
             with self.store.write() as tx:
                 proc = tx.get(ldn)
-                if proc is None or proc.internal.get("phase") == "ended":
+                if proc is None or _phase(proc) is Phase.ENDED:
                     return
                 report = msg["report"]
                 refused = report.get("iterations", 0) == 0 and report.get("cause") in (
@@ -1076,9 +1055,8 @@ class TrainingService:
             st = {**st, **{k: old[k] for k in ("iterations", "elapsed_s", "metrics") if k in old},
                   "progressPercentage": proc.attributes["progressStatus"].get("progressPercentage")}
         state = st.get("status", "RUNNING")
-        i: dict[str, Any] = {}
-        if proc.internal.get("phase") == "starting" and state not in ("NOT_STARTED",):
-            i["phase"] = "running"
+        before = ProcessRecord.of(proc.internal)
+        i = transition(before, Iteration(state)).record.changes(before)
         info = st.get("progressStateInfo") or state
         if proc.internal.get("cancelling"):
             info = "CANCELLING"
@@ -1108,11 +1086,12 @@ class TrainingService:
             ident = report["model"] = stored_identity(tx, ident)
             model_ldn = self._store_model(tx, proc, ident, model_bytes, model_name, rep_ldn)
         perf = {k: v for k, v in (report.get("performance") or {}).items() if _finite(v)}
+        model_perf = {k: v for k, v in perf.items() if k not in OPERATIONAL_METRICS}  # not the run's own counts
         rattrs: dict[str, Any] = {
             "modelPerformanceTraining": [{"performanceMetric": k, "performanceScore": v}
-                                         for k, v in perf.items() if k.startswith("train")],
+                                         for k, v in model_perf.items() if k.startswith("train")],
             "modelPerformanceValidation": [{"performanceMetric": k, "performanceScore": v}
-                                           for k, v in perf.items() if not k.startswith("train")],
+                                           for k, v in model_perf.items() if not k.startswith("train")],
             "areNewTrainingDataUsed": bool(proc.vs_data.get("sluice-data")) or proc.internal.get(
                 "trigger") == "DATA_UPDATED",
             "trainingProcessRef": ldn_to_dn(proc.dn),
@@ -1126,6 +1105,7 @@ class TrainingService:
             rattrs["mLModelGeneratedRef"] = ldn_to_dn(model_ldn)
         vs_report = {k: v for k, v in report.items() if k != "model_path"}
         vs_report["refused"] = refused
+        vs_report["run_metrics"] = {k: v for k, v in perf.items() if k in OPERATIONAL_METRICS}
         if tx.get(rep_ldn) is None:
             tx.create(rep_ldn, "MLTrainingReport", rattrs, {"sluice-report": vs_report}, inherited(proc.internal))
         status = report.get("status", "FAILED")
@@ -1153,10 +1133,12 @@ class TrainingService:
             st.update(metrics=perf, elapsed_s=report.get("duration_s", st.get("elapsed_s")))
         if "progressPercentage" in ps:
             st["progress_percent"] = ps["progressPercentage"]
+        before = ProcessRecord.of(proc.internal)
+        after, effects = transition(before, Ended(refused))
         self._set_process(tx, proc, attrs=attrs, vs={"sluice-status": st},
-                          internal={"phase": "ended", "refused": refused, "ended_at": time.time(),
+                          internal={"phase": after.phase.value, "refused": after.refused, "ended_at": time.time(),
                                     "model": ident or proc.internal.get("model")})
-        ckpt = tx.s.get(Checkpoint, proc.dn)
+        ckpt = tx.s.get(Checkpoint, proc.dn) if effects else None  # DropCheckpoint
         if ckpt is not None:
             tx.s.delete(ckpt)
 

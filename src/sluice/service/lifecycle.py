@@ -19,7 +19,8 @@ event                  from                                to, effects
 =====================  ==================================  =========================================
 Created                (none)                              proposed (negotiated) or queued
 Agreed                 proposed                            queued; else :class:`Refused` (409)
-Started                queued, not suspended               starting; :class:`StartWorker`
+Started                queued, not suspended, not being    starting; :class:`StartWorker`
+                       cancelled
 Iteration(state)       starting (state not NOT_STARTED)    running; in every other phase no change
 AwaitingData           starting / running                  running (the process waits for data)
 Suspend(on)            queued                              suspended flag only
@@ -262,7 +263,7 @@ def transition(record: ProcessRecord, event: Event) -> Outcome:
         case Agreed():
             return _agreed(record)
         case Started():
-            if record.phase is not Phase.QUEUED or record.suspended:
+            if record.phase is not Phase.QUEUED or record.suspended or record.cancelling:
                 return Outcome(record)
             return Outcome(replace(record, phase=Phase.STARTING), (StartWorker(),))
         case Iteration(state=state):

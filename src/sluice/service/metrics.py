@@ -35,9 +35,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from sluice.service.db import MOI, Notification
+from sluice.service.lifecycle import Phase
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
-PHASES = ("proposed", "queued", "starting", "running", "ended")
+PHASES = tuple(p.value for p in Phase)
 
 
 def _json(value: Any) -> dict[str, Any]:
@@ -71,7 +72,7 @@ class ServiceCollector:
             processes.add_metric([phase], phases.get(phase, 0))
         yield requests
         yield processes
-        queued = sum(1 for i in internals if i.get("phase") == "queued" and not i.get("suspended"))
+        queued = sum(1 for i in internals if i.get("phase") == Phase.QUEUED and not i.get("suspended"))
         yield GaugeMetricFamily("sluice_queue_length", "processes queued to start (not suspended)", value=queued)
         yield GaugeMetricFamily("sluice_workers_running", "workers of this service training now",
                                 value=len(self.service.supervisor.running()))
