@@ -68,7 +68,7 @@ class ProducerPolicy(Section):
     plateau_patience: int | None = Field(20, ge=1, description="None: no plateau guard")
     plateau_min_delta: float = Field(0.0, ge=0)
     error_thresholds: dict[str, float] = Field(
-        default_factory=lambda: {"COVERAGE_ANALYTICS_COVERAGE_PROBLEM_ANALYSIS": 0.05,
+        default_factory=lambda: {"COVERAGE_ANALYTICS_COVERAGE_PROBLEM_ANALYSIS": 0.8,
                                  "MDA_ASSISTED_ENERGY_SAVING_ENERGY_SAVING_ANALYSIS": 0.1},
         description="training error threshold per model type",
     )
