@@ -65,9 +65,10 @@ def test_split_run_stops_at_termination_iterations(tmp_path):
 
 
 def test_split_run_target_stops_the_follower_process_early(tmp_path):
-    """A target met long before the planned steps: the follower process stops at once and exits cleanly."""
+    """A target met long before the planned steps: the follower process stops at once and exits cleanly. Its
+    log's "trained n steps" says it stopped at the leader's last step, told to by the leader: a follower left
+    waiting would end with an error after its 20 s receive timeout, and write no such line."""
     out = tmp_path / "run"
-    t0 = time.perf_counter()
     rc = main(["split", "run", "--out", str(out), "--set", "train.eval_every=2", "--set", "train.steps=2000",
                "--set", "termination.performance.test_accuracy=0.8", "--set", "transport.timeout_s=20"])
     assert rc == 0
@@ -75,7 +76,6 @@ def test_split_run_target_stops_the_follower_process_early(tmp_path):
     assert n < 2000 and n % 2 == 0
     assert json.loads((out / "report.json").read_text())["criterion"]["rule"] == "performance.test_accuracy"
     assert f"trained {n} steps" in (out / "follower-1.log").read_text()
-    assert time.perf_counter() - t0 < 60
 
 
 def test_split_run_refuses_what_split_training_cannot_report(capsys, tmp_path):
