@@ -1,6 +1,18 @@
-"""Fixtures shared by several test modules."""
+"""Fixtures shared by several test modules, and how the suite is spread over pytest-xdist workers.
+
+The README's ``.venv/bin/pytest`` runs the tests in parallel (``addopts`` in pyproject.toml: ``-n``, ``--dist
+loadgroup``, see :func:`pytest_xdist_make_scheduler`). The tests of a file that defines a module-scoped fixture
+(a service, a Flower deployment) are kept on one worker, so that fixture starts once; every other test goes
+wherever a worker is free. Each worker has its own session fixtures (its own ``sluice serve`` and PostgreSQL
+server, on free ports), its own ``tmp_path`` tree and its own process (``os.environ`` changes stay in it). The
+longest end-to-end tests are handed out first.
+"""
 
 from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
 
 import pytest
 
@@ -54,8 +66,62 @@ def db_url(request, tmp_path):
     return request.getfixturevalue("new_pg_database")()
 
 
+def pytest_configure(config):
+    """One intra-op thread for torch in the test processes, as every engine sets for itself: two workers on two
+    cores, each with a thread team per core, would spin on each other's cores (and what a test computes before
+    an engine ran would depend on the order the tests run in)."""
+    if getattr(config.option, "numprocesses", None):
+        return  # the xdist controller runs no test (its workers come here with numprocesses unset)
+    import torch
+
+    torch.set_num_threads(1)
+
+
+_SHARED_SCOPE = re.compile(r"""scope\s*=\s*["'](module|class|package)["']""")
+
+
+@functools.cache
+def _shares_a_fixture(path: Path) -> bool:
+    """Whether the test file ``path`` defines a fixture wider than a test (module, class or package scope)."""
+    try:
+        return _SHARED_SCOPE.search(path.read_text(encoding="utf-8")) is not None
+    except OSError:
+        return False
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` for this suite: a file that defines a module-scoped fixture (a service, a Flower
+    deployment) is one unit of work, on one worker, so the fixture starts once and its tests run in their order;
+    every other test is a unit of its own, handed to whichever worker is free. Units go out in collection order
+    (``--no-loadscope-reorder``), which :func:`pytest_collection_modifyitems` makes longest-first. (xdist's own
+    loadgroup, for ``xdist_group`` marks, does nothing under pytest 9: it renames node ids, which pytest 9 no
+    longer lets it do, pytest-xdist #1386.)"""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtureFiles(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return path if _shares_a_fixture(config.rootpath / path) else nodeid
+
+    return SharedFixtureFiles(config, log)
+
+
+def _start_order(item) -> int:
+    """Flower runs (the longest), then the other end-to-end tests and the files sharing a fixture, then the
+    rest: the long units start first, and the many short tests fill the workers at the end."""
+    if item.get_closest_marker("flower"):
+        return 0
+    if any(item.get_closest_marker(m) for m in ("slow", "fuzz", "postgres", "netns")) or _shares_a_fixture(
+            item.path):
+        return 1
+    return 2
+
+
 def pytest_collection_modifyitems(items):
-    """Mark ``postgres`` every test that asks for the PostgreSQL server itself."""
+    """Mark ``postgres`` every test that asks for the PostgreSQL server itself; hand out the long ones first."""
     for item in items:
         if {"postgres", "new_pg_database"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.postgres)
+    items.sort(key=_start_order)  # stable: the order of collection within each class
