@@ -65,61 +65,126 @@ def engine_data(kind: str, data: dict[str, Any]) -> Any:
 # --------------------------------------------------------------------------------------- worker side
 
 
+class _Sender:
+    """Messages to the service over ``conn``, from any thread; once the service is gone, none."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.lock = threading.Lock()
+        self.gone = threading.Event()
+
+    def __call__(self, msg: dict[str, Any]) -> None:
+        if self.gone.is_set():
+            return
+        try:
+            with self.lock:
+                self.conn.send(msg)
+        except (OSError, EOFError, BrokenPipeError):
+            self.gone.set()
+
+
+def _build(spec: dict[str, Any], send: _Sender) -> tuple[Any, Any]:
+    """The engine and the :class:`~sluice.control.TrainingProcess` of ``spec``, reporting through ``send``."""
+    from sluice.control import ResourceSampler, TrainingProcess
+    from sluice.control.params import parse_requirements, parse_termination
+    from sluice.jobs import job_from_dict
+
+    job = job_from_dict(spec["kind"], spec["raw"])
+    engine = job.build()
+    if spec.get("termination") is not None:
+        job.termination = parse_termination(spec["termination"])
+    if spec.get("requirements") is not None:
+        job.requirements = parse_requirements(spec["requirements"]) if spec["requirements"] else None
+    termination = job.termination_for(engine)
+    work = Path(spec.get("work_dir") or tempfile.mkdtemp(prefix="sluice-worker-"))
+    work.mkdir(parents=True, exist_ok=True)
+    interval = float(spec.get("progress_interval_s", 0.2))
+    last = {"t": 0.0, "pct": None}
+
+    def on_event(event: Any, proc: Any) -> None:
+        now = time.monotonic()
+        est = proc.estimator.estimate(proc.n, proc.elapsed_s)
+        pct = None if est.progress_percent is None else int(est.progress_percent)
+        if now - last["t"] >= interval or pct != last["pct"]:
+            last["t"], last["pct"] = now, pct
+            send({"kind": "progress", "status": proc.progress_status()})
+
+    def on_state(state: Any, proc: Any, report: Any) -> None:
+        send({"kind": "state", "state": state.value, "status": proc.progress_status(),
+              "report": None if report is None else report.to_json()})
+
+    def on_checkpoint(proc: Any) -> None:
+        send({"kind": "checkpoint", "iteration": proc.n, "engine": engine.checkpoint(),
+              "process": json.dumps(proc.checkpoint()).encode()})
+
+    every = int(spec.get("checkpoint_every", 0)) if hasattr(engine, "checkpoint") else 0
+    proc = TrainingProcess(engine, termination, job.requirements, job.model, on_event=on_event, on_state=on_state,
+                           save_path=work / "model.pt", sampler=ResourceSampler(), checkpoint_every=every,
+                           on_checkpoint=on_checkpoint)
+    return engine, proc
+
+
+def _command(msg: dict[str, Any], kind: str, engine: Any, proc: Any) -> bool:
+    """Carry out one command of the service; False for ``stop``."""
+    from sluice.control.params import parse_termination
+
+    cmd = msg.get("cmd")
+    if cmd == "cancel":
+        proc.cancel()
+    elif cmd == "suspend":
+        proc.suspend()
+    elif cmd == "resume":
+        proc.resume()
+    elif cmd == "update":
+        term = msg.get("termination")
+        if term is not None and msg.get("replace"):
+            term = parse_termination(term)
+        proc.update(term, msg.get("requirements"))
+    elif cmd == "data":
+        item = engine_data(kind, msg["data"])
+        check = getattr(engine, "check_data", None)
+        if check is None:
+            raise ValueError(f"{kind} training takes no added data")
+        check(item)
+        proc.add_data(item)
+    return cmd != "stop"
+
+
+def _reader(conn: Connection, send: _Sender, kind: str, engine: Any, proc: Any) -> None:
+    """The service's commands, each acknowledged (with the error of a refusal) when it carries a token."""
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            send.gone.set()
+            proc.cancel()
+            return
+        token = msg.get("token")
+        try:
+            if not _command(msg, kind, engine, proc):
+                return
+            if token is not None:
+                send({"kind": "ack", "token": token, "ok": True})
+        except Exception as exc:  # noqa: BLE001 - the refusal goes back to the consumer
+            if token is not None:
+                send({"kind": "ack", "token": token, "ok": False, "error": str(exc)})
+
+
+def _resume(resume: dict[str, Any], kind: str, engine: Any, proc: Any) -> None:
+    if not hasattr(engine, "restore"):
+        raise TypeError(f"the {kind} engine cannot restore a checkpoint")
+    engine.restore(resume["engine"])  # before start: a split engine loads it as its parties start,
+    # a chain follows its producers' requests instead of creating new ones
+    proc.restore(json.loads(resume["process"]))
+
+
 def worker_main(spec: dict[str, Any], conn: Connection) -> None:
     """Run one training process (see the module docstring); ``spec`` holds the job, the agreed
     termination parameters and requirements, and the data uploaded for it so far."""
-    lock = threading.Lock()
-    gone = threading.Event()
-
-    def send(msg: dict[str, Any]) -> None:
-        if gone.is_set():
-            return
-        try:
-            with lock:
-                conn.send(msg)
-        except (OSError, EOFError, BrokenPipeError):
-            gone.set()
-
+    send = _Sender(conn)
+    kind = spec["kind"]
     try:
-        from sluice.control import ResourceSampler, TrainingProcess
-        from sluice.control.params import parse_requirements, parse_termination
-        from sluice.jobs import job_from_dict
-
-        kind = spec["kind"]
-        job = job_from_dict(kind, spec["raw"])
-        engine = job.build()
-        if spec.get("termination") is not None:
-            job.termination = parse_termination(spec["termination"])
-        if spec.get("requirements") is not None:
-            job.requirements = parse_requirements(spec["requirements"]) if spec["requirements"] else None
-        termination = job.termination_for(engine)
-        requirements = job.requirements
-        work = Path(spec.get("work_dir") or tempfile.mkdtemp(prefix="sluice-worker-"))
-        work.mkdir(parents=True, exist_ok=True)
-        interval = float(spec.get("progress_interval_s", 0.2))
-        last = {"t": 0.0, "pct": None}
-
-        def on_event(event: Any, proc: Any) -> None:
-            now = time.monotonic()
-            est = proc.estimator.estimate(proc.n, proc.elapsed_s)
-            pct = None if est.progress_percent is None else int(est.progress_percent)
-            if now - last["t"] >= interval or pct != last["pct"]:
-                last["t"], last["pct"] = now, pct
-                send({"kind": "progress", "status": proc.progress_status()})
-
-        def on_state(state: Any, proc: Any, report: Any) -> None:
-            send({"kind": "state", "state": state.value, "status": proc.progress_status(),
-                  "report": None if report is None else report.to_json()})
-
-        def on_checkpoint(proc: Any) -> None:
-            send({"kind": "checkpoint", "iteration": proc.n, "engine": engine.checkpoint(),
-                  "process": json.dumps(proc.checkpoint()).encode()})
-
-        every = int(spec.get("checkpoint_every", 0)) if hasattr(engine, "checkpoint") else 0
-        proc = TrainingProcess(engine, termination, requirements, job.model, on_event=on_event, on_state=on_state,
-                               save_path=work / "model.pt", sampler=ResourceSampler(), checkpoint_every=every,
-                               on_checkpoint=on_checkpoint)
-        uploads = list(spec.get("uploads", []))
+        engine, proc = _build(spec, send)
     except Exception as exc:  # noqa: BLE001 - reported to the service as a refusal with its reason
         from sluice.errors import ConfigError
 
@@ -129,14 +194,11 @@ def worker_main(spec: dict[str, Any], conn: Connection) -> None:
             send({"kind": "failed", "error": f"{type(exc).__name__}: {exc}", "before_training": True})
         conn.close()
         return
+    uploads = list(spec.get("uploads", []))
     resume = spec.get("resume")
     if resume is not None:
         try:
-            if not hasattr(engine, "restore"):
-                raise TypeError(f"the {kind} engine cannot restore a checkpoint")
-            engine.restore(resume["engine"])  # before start: a split engine loads it as its parties start,
-            # a chain follows its producers' requests instead of creating new ones
-            proc.restore(json.loads(resume["process"]))
+            _resume(resume, kind, engine, proc)
             uploads = uploads[proc.data_taken:]
         except Exception as exc:  # noqa: BLE001 - the process fails with the reason
             send({"kind": "failed", "before_training": False, "error": "could not resume from the checkpoint of "
@@ -145,44 +207,8 @@ def worker_main(spec: dict[str, Any], conn: Connection) -> None:
             return
     for item in uploads:
         proc.add_data(engine_data(kind, item))
-
-    def reader() -> None:
-        while True:
-            try:
-                msg = conn.recv()
-            except (EOFError, OSError):
-                gone.set()
-                proc.cancel()
-                return
-            cmd, token = msg.get("cmd"), msg.get("token")
-            try:
-                if cmd == "cancel":
-                    proc.cancel()
-                elif cmd == "suspend":
-                    proc.suspend()
-                elif cmd == "resume":
-                    proc.resume()
-                elif cmd == "update":
-                    term = msg.get("termination")
-                    if term is not None and msg.get("replace"):
-                        term = parse_termination(term)
-                    proc.update(term, msg.get("requirements"))
-                elif cmd == "data":
-                    item = engine_data(kind, msg["data"])
-                    check = getattr(engine, "check_data", None)
-                    if check is None:
-                        raise ValueError(f"{kind} training takes no added data")
-                    check(item)
-                    proc.add_data(item)
-                elif cmd == "stop":
-                    return
-                if token is not None:
-                    send({"kind": "ack", "token": token, "ok": True})
-            except Exception as exc:  # noqa: BLE001 - the refusal goes back to the consumer
-                if token is not None:
-                    send({"kind": "ack", "token": token, "ok": False, "error": str(exc)})
-
-    threading.Thread(target=reader, name="sluice-worker-commands", daemon=True).start()
+    threading.Thread(target=_reader, args=(conn, send, kind, engine, proc), name="sluice-worker-commands",
+                     daemon=True).start()
     try:
         report = proc.run()
     except Exception as exc:  # noqa: BLE001 - engine start or preflight raised

@@ -1,0 +1,282 @@
+"""Processes: the consumer's controls (cancel, suspend/resume, parameters, the answer to a proposal) and a process that
+lost its worker, as the transitions of :mod:`sluice.service.lifecycle`.
+
+A part of :class:`sluice.service.core.TrainingService` (whose other parts it uses through ``self``)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sluice.config import merge_patch
+from sluice.control.params import parse_requirements, parse_termination
+from sluice.control.report import brief
+from sluice.errors import ConfigError
+from sluice.service.base import _DUMP, ServiceBase, _phase
+from sluice.service.db import MOI, Checkpoint
+from sluice.service.lifecycle import (
+    Agreed,
+    Cancel,
+    EndWith,
+    Interrupted,
+    Phase,
+    ProcessRecord,
+    Refused,
+    SendWorker,
+    Suspend,
+    transition,
+)
+from sluice.service.nrm import (
+    READ_ONLY,
+    MnSError,
+    now_iso,
+)
+from sluice.service.store import Tx
+from sluice.service.validate import config_error as _config_error
+from sluice.service.validate import parse_conditions
+from sluice.service.worker import WorkerGone
+
+
+class ProcessesMixin(ServiceBase):
+    def _requeue_interrupted(self, tx: Tx, row: MOI, why: str, limit: int | None = None) -> None:
+        """A process that lost its worker (``why``: the service stopped, or the worker died) goes back to the
+        queue (before anything queued later) to resume from its last checkpoint, or from scratch when it has
+        none and its engine trains here; one that can do neither, was being cancelled, or already lost ``limit``
+        workers, ends (FAILED with the reason, or CANCELLED): :class:`~sluice.service.lifecycle.Interrupted`.
+        Until its worker reports again a resuming process shows ``progressStateInfo`` RESUMING and its request stays
+        IN_PROGRESS; iterations it repeats (those after the checkpoint) change nothing the consumer has
+        already seen (``internal.resume.seen``)."""
+        st = dict(row.vs_data.get("sluice-status") or {})
+        done = int(st.get("iterations", 0) or 0)
+        ckpt = tx.s.get(Checkpoint, row.dn)
+        before = ProcessRecord.of(row.internal)
+        after, effects = transition(before, Interrupted(why, None if ckpt is None else ckpt.iteration, done, limit))
+        for end in effects:
+            if isinstance(end, EndWith):
+                report = {"cause": end.cause, "status": end.status, "detail": end.detail, "iterations": done,
+                          "performance": st.get("metrics", {}), "duration_s": st.get("elapsed_s", 0.0),
+                          "model": row.internal.get("model")}
+                self._end_process(tx, row, report, None, None)
+                return
+        status = dict(row.attributes["progressStatus"])
+        if status.get("status") != "SUSPENDED":
+            status["progressStateInfo"] = "RESUMING"
+        self._set_process(tx, row, attrs={"progressStatus": status}, internal=after.changes(before))
+
+    # ------------------------------------------------------------------ controls
+    def _call(self, proc: MOI, cmd: dict[str, Any], attr: str) -> None:
+        try:
+            ack = self.supervisor.call(proc.dn, cmd)
+        except WorkerGone as exc:
+            raise MnSError(409, "the training process is not running any more", bad_attributes=[attr]) from exc
+        if not ack.get("ok"):
+            status = 503 if ack.get("timeout") else 400
+            raise MnSError(status, f"the training process refused it: {ack.get('error')}", bad_attributes=[attr])
+
+    @staticmethod
+    def _ended_with(proc: MOI, end: EndWith) -> dict[str, Any]:
+        """The report of a process ended without a worker (cancelled while proposed, queued, or waiting to
+        resume after a restart: that one keeps the iterations of its last checkpoint)."""
+        return {"cause": end.cause, "status": end.status, "detail": end.detail, "iterations": end.iterations,
+                "model": proc.internal.get("model")}
+
+    def _send(self, proc_ldn: str, effect: SendWorker) -> None:
+        try:
+            self.supervisor.send(proc_ldn, {"cmd": effect.cmd})
+        except WorkerGone:
+            pass  # it is ending anyway; its done message settles the state
+
+    def _cancel_pending(self, tx: Tx, proc: MOI) -> None:
+        """End a process that has no worker as CANCELLED, through CANCELLING."""
+        before = ProcessRecord.of(proc.internal)
+        after, effects = transition(before, Cancel())
+        self._set_process(tx, proc, attrs={"cancelProcess": True}, internal=after.changes(before))
+        for end in effects:
+            if isinstance(end, EndWith):
+                self._end_process(tx, proc, self._ended_with(proc, end), None, None)
+
+    def _cancel(self, proc_ldn: str) -> None:
+        with self.store.write() as tx:
+            proc = tx.get(proc_ldn)
+            assert proc is not None
+            before = ProcessRecord.of(proc.internal)
+            after, effects = transition(before, Cancel())
+            if not effects:
+                return  # it has ended
+            attrs: dict[str, Any] = {"cancelProcess": True}
+            if before.phase.active:
+                attrs["progressStatus"] = {**proc.attributes["progressStatus"], "progressStateInfo": "CANCELLING"}
+            self._set_process(tx, proc, attrs=attrs, internal=after.changes(before))
+        for effect in effects:
+            if isinstance(effect, EndWith):
+                with self.store.write() as tx:  # a second transaction: CANCELLING, then CANCELLED
+                    proc = tx.get(proc_ldn)
+                    assert proc is not None
+                    self._end_process(tx, proc, self._ended_with(proc, effect), None, None)
+            elif isinstance(effect, SendWorker):
+                self._send(proc_ldn, effect)
+
+    def _suspend(self, proc_ldn: str, on: bool) -> None:
+        with self.store.write() as tx:
+            proc = tx.get(proc_ldn)
+            assert proc is not None
+            before = ProcessRecord.of(proc.internal)
+            after, effects = transition(before, Suspend(on))
+            for effect in effects:
+                if isinstance(effect, Refused):
+                    reason = (f"the process has ended ({proc.attributes['progressStatus']['status']})"
+                              if before.phase is Phase.ENDED else effect.reason)
+                    raise MnSError(effect.code, reason, bad_attributes=["suspendProcess"])
+            attrs: dict[str, Any] = {"suspendProcess": on}
+            if before.phase is Phase.QUEUED:
+                status = dict(proc.attributes["progressStatus"])
+                resuming = bool(proc.internal.get("resume"))  # it trained before the service restarted
+                status.update(status="SUSPENDED" if on else ("RUNNING" if resuming else "NOT_STARTED"),
+                              progressStateInfo="SUSPENDED" if on else ("RESUMING" if resuming else "QUEUED"))
+                attrs["progressStatus"] = status
+            self._set_process(tx, proc, attrs=attrs, internal={"suspended": after.suspended})
+            req = tx.get(proc.internal["request"])
+            if req is not None and req.attributes.get("suspendRequest") != on:
+                tx.update(req, attributes={**req.attributes, "suspendRequest": on})
+        for effect in effects:
+            if isinstance(effect, SendWorker):
+                self._send(proc_ldn, effect)
+
+    def modify_process(self, ldn: str, attrs_in: dict[str, Any], vs_in: dict[str, Any], *, merge: bool) -> MOI:
+        """PATCH/PUT of a process: cancel, suspend/resume, priority, termination conditions, the answer to
+        a proposal, and training data."""
+        proc = self.get(ldn)
+        old = {k: v for k, v in proc.attributes.items() if k not in READ_ONLY["MLTrainingProcess"]}
+        attrs = self._check_attrs("MLTrainingProcess", merge_patch(old, attrs_in) if merge else attrs_in,
+                                  old=proc.attributes)
+        for k in ("cancelProcess", "suspendProcess"):
+            attrs.setdefault(k, old.get(k, False))
+        record = ProcessRecord.of(proc.internal)
+        phase = record.phase
+        if "priority" in attrs and (not isinstance(attrs["priority"], int) or isinstance(attrs["priority"], bool)):
+            raise MnSError(400, "priority must be an integer", bad_attributes=["priority"])
+        data = vs_in.pop("sluice-data", None)
+        neg = vs_in.pop("sluice-negotiation", None)
+        new_term, replace = self._new_termination(proc, attrs, old, vs_in.pop("sluice-termination", None), merge)
+        new_req = self._new_requirements(proc, vs_in.pop("sluice-requirements", None))
+        cancel = attrs["cancelProcess"] and not old.get("cancelProcess", False)
+        suspend_change = attrs["suspendProcess"] != old.get("suspendProcess", False)
+        if phase is Phase.ENDED:
+            if cancel and proc.attributes["progressStatus"]["status"] != "CANCELLED":
+                raise MnSError(409, "the process has ended; it cannot be cancelled", bad_attributes=["cancelProcess"])
+            if suspend_change:
+                raise MnSError(409, "the process has ended; it cannot be suspended or resumed",
+                               bad_attributes=["suspendProcess"])
+            if new_term is not None or new_req is not None:
+                raise MnSError(409, "the process has ended; its parameters cannot change",
+                               bad_attributes=["terminationConditions"])
+        for effect in transition(record, Agreed()).effects if neg is not None else ():
+            if isinstance(effect, Refused):
+                raise MnSError(effect.code, effect.reason, bad_attributes=["VsDataContainer/sluice-negotiation"])
+        if data is not None:
+            return self.upload(ldn, data)
+        if phase is Phase.PROPOSED and (neg is not None or new_term is not None):
+            self._answer_proposal(ldn, neg, new_term, new_req)
+        elif phase.active and (new_term is not None or new_req is not None):
+            cmd: dict[str, Any] = {"cmd": "update"}
+            if new_term is not None:
+                cmd.update(termination=new_term, replace=replace)
+            if new_req is not None:
+                cmd["requirements"] = new_req
+            self._call(proc, cmd, "terminationConditions")
+        with self.store.write() as tx:
+            p = tx.get(ldn)
+            assert p is not None
+            a: dict[str, Any] = {}
+            i: dict[str, Any] = {}
+            v: dict[str, Any] = {}
+            if "priority" in attrs and attrs["priority"] != p.attributes.get("priority"):
+                a["priority"] = attrs["priority"]
+            if new_term is not None and _phase(p) is not Phase.ENDED:
+                a["terminationConditions"] = brief(parse_termination(new_term))
+                v["sluice-termination"] = new_term
+                i["termination"] = new_term
+            if new_req is not None and _phase(p) is not Phase.ENDED:
+                v["sluice-requirements"] = new_req
+                i["requirements"] = new_req
+            if a or v or i:
+                self._set_process(tx, p, attrs=a, vs=v, internal=i)
+        if suspend_change:
+            self._suspend(ldn, attrs["suspendProcess"])
+        if cancel:
+            self._cancel(ldn)
+        self.supervisor.wake()
+        return self.get(ldn)
+
+    @staticmethod
+    def _new_termination(proc: MOI, attrs: dict[str, Any], old: dict[str, Any], term_patch: Any,
+                         merge: bool) -> tuple[dict[str, Any] | None, bool]:
+        """The termination parameters a PATCH/PUT of a process sets (None: unchanged), checked; and whether
+        they replace the old ones."""
+        new_term: dict[str, Any] | None = None
+        replace = False
+        if attrs.get("terminationConditions", old.get("terminationConditions", "")) != old.get(
+                "terminationConditions", ""):
+            if not isinstance(attrs["terminationConditions"], str):
+                raise MnSError(400, "terminationConditions must be text", bad_attributes=["terminationConditions"])
+            new_term = parse_conditions(attrs["terminationConditions"])
+            replace = True
+        if term_patch is not None:
+            if not isinstance(term_patch, dict):
+                raise MnSError(400, "sluice-termination vsData must be an object",
+                               bad_attributes=["VsDataContainer/sluice-termination"])
+            base = proc.internal.get("termination") or {}
+            new_term = merge_patch(base, term_patch) if merge else term_patch
+            replace = True
+        if new_term is not None:
+            try:
+                new_term = parse_termination(new_term).model_dump(**_DUMP)
+            except ConfigError as exc:
+                raise _config_error(exc, "terminationConditions") from exc
+        return new_term, replace
+
+    @staticmethod
+    def _new_requirements(proc: MOI, req_patch: Any) -> dict[str, Any] | None:
+        """The requirements a PATCH/PUT of a process merges in (None: unchanged), checked."""
+        if req_patch is None:
+            return None
+        try:
+            merged = merge_patch(proc.internal.get("requirements") or {}, req_patch)
+            return parse_requirements(merged).model_dump(**_DUMP)
+        except ConfigError as exc:
+            raise _config_error(exc, "VsDataContainer/sluice-requirements") from exc
+
+    def _answer_proposal(self, ldn: str, neg: Any, new_term: dict[str, Any] | None,
+                         new_req: dict[str, Any] | None) -> None:
+        if neg is not None and not isinstance(neg, dict):
+            raise MnSError(400, "sluice-negotiation vsData must be an object",
+                           bad_attributes=["VsDataContainer/sluice-negotiation"])
+        neg = neg or {}
+        if neg.get("accept") is False:
+            raise MnSError(400, "to reject a proposal, cancel the request or the process (cancelProcess: true)",
+                           bad_attributes=["VsDataContainer/sluice-negotiation"])
+        if new_term is None and neg.get("accept") is not True:
+            raise MnSError(400, "answer a proposal with {accept: true}, or modify it with sluice-termination or "
+                           "terminationConditions", bad_attributes=["VsDataContainer/sluice-negotiation"])
+        with self.store.write() as tx:
+            p = tx.get(ldn)
+            assert p is not None
+            before = ProcessRecord.of(p.internal)
+            after, effects = transition(before, Agreed())
+            for effect in effects:  # agreed meanwhile
+                if isinstance(effect, Refused):
+                    raise MnSError(effect.code, effect.reason, bad_attributes=["VsDataContainer/sluice-negotiation"])
+            state = dict(p.vs_data.get("sluice-negotiation") or {})
+            agreed = new_term if new_term is not None else state.get("proposal")
+            state.update(state="AGREED", modified=new_term is not None and new_term != state.get("proposal"),
+                         agreedAt=now_iso())
+            status = dict(p.attributes["progressStatus"])
+            status.update(progressStateInfo="SUSPENDED" if p.internal.get("suspended") else "QUEUED")
+            vs = {"sluice-negotiation": state, "sluice-termination": agreed}
+            internal = {**after.changes(before), "termination": agreed, "queued_at": time.time()}
+            if new_req is not None:
+                vs["sluice-requirements"] = new_req
+                internal["requirements"] = new_req
+            self._set_process(tx, p, attrs={"progressStatus": status,
+                                            "terminationConditions": brief(parse_termination(agreed))},
+                              vs=vs, internal=internal)

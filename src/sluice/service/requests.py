@@ -1,0 +1,367 @@
+"""Requests: create, replace and modify an ``MLTrainingRequest``; the request's status follows its latest process.
+
+A part of :class:`sluice.service.core.TrainingService` (whose other parts it uses through ``self``)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from sluice.config import merge_patch
+from sluice.control.params import parse_termination
+from sluice.control.report import brief
+from sluice.errors import SluiceError
+from sluice.service.auth import Actor, inherited, tag
+from sluice.service.base import ServiceBase, _phase
+from sluice.service.capabilities import fit_job, inference_type
+from sluice.service.db import MOI
+from sluice.service.identity import request_model
+from sluice.service.lifecycle import (
+    Created,
+    Phase,
+    ProcessRecord,
+    created,
+    request_status,
+)
+from sluice.service.nrm import (
+    READ_ONLY,
+    WRITABLE,
+    MnSError,
+    check_id,
+    id_of,
+    ldn_to_dn,
+    read_vs,
+    safe_id,
+)
+from sluice.service.store import Tx
+from sluice.service.tasks import check_args, producer_job, producer_task
+from sluice.service.validate import config_error as _config_error
+from sluice.service.vsdata import request_vs
+
+
+class RequestsMixin(ServiceBase):
+    # ------------------------------------------------------------------ requests: create / replace
+    def _job_from(self, attrs: dict[str, Any], vs: dict[str, Any], rid: str) -> dict[str, Any]:
+        """The job a request asks for, validated without building an engine: ``kind``, ``raw`` (engine
+        configuration + model identity), ``model``, ``requirements``, ``termination``, ``decided_by``."""
+        from sluice.jobs import ENGINE_KINDS
+
+        asked = request_vs(attrs, vs)
+        job = dict(asked.job)
+        kind = job.pop("engine", self.cfg.default_engine)
+        if kind not in ENGINE_KINDS:
+            raise MnSError(400, f"sluice-job engine must be one of {', '.join(ENGINE_KINDS)}, got {kind!r}",
+                           bad_attributes=["VsDataContainer/sluice-job"])
+        for k in ("requirements", "termination"):
+            if k in job:
+                raise MnSError(400, f"{k} go in the VsDataContainer sluice-{k}, not in sluice-job",
+                               bad_attributes=["VsDataContainer/sluice-job"])
+        if kind == "chain":
+            self._check_chain(job)
+        req, term, decided = asked.requirements, asked.termination, asked.decided_by
+        model = dict(job.get("model") or {})
+        name = inference_type(attrs.get("aIMLInferenceName"), model.get("type"))
+        if name and "type" not in model:
+            model["type"] = name
+        if model:
+            job["model"] = model
+        doc = dict(job)
+        if req:
+            doc["requirements"] = req
+        if term is not None:
+            doc["termination"] = term
+        try:
+            parsed = self._parse_job(kind, doc)
+        except MnSError as exc:  # a scenario job trains its own type only
+            if name and "model.type" in exc.reason:
+                exc.bad_attributes = [*exc.bad_attributes, "aIMLInferenceName"]
+            raise
+        out = {
+            "kind": kind, "raw": {k: v for k, v in doc.items() if k not in ("requirements", "termination")},
+            "model": request_model(parsed.model.model_dump(mode="json"), model, rid),
+            "requirements": None if parsed.requirements is None else parsed.requirements.model_dump(
+                mode="json", exclude_none=True, exclude_defaults=True),
+            "termination": None if parsed.termination is None else parsed.termination.model_dump(
+                mode="json", exclude_none=True, exclude_defaults=True),
+            "decided_by": decided,
+        }
+        return fit_job(out, attrs, self.prober.of(kind, producer_job(out["raw"], self.cfg.tasks)))
+
+    def _parse_job(self, kind: str, doc: dict[str, Any]) -> Any:
+        """``doc`` validated as this producer trains it: the task it names is a built-in or a registered one
+        (never an import path; :mod:`sluice.service.tasks`), with arguments that fit its function."""
+        from sluice.jobs import ENGINE_KINDS, job_from_dict
+        from sluice.tasks.config import TaskConfig
+
+        section = doc.get("task")
+        checked = doc if section is None else {**doc, "task": producer_task(section, self.cfg.tasks)}
+        try:
+            parsed = job_from_dict(kind, checked)
+        except (SluiceError, ValueError) as exc:
+            raise _config_error(exc, "VsDataContainer/sluice-job") from exc
+        if section is None:
+            return parsed
+        name = section.get("name") or getattr(getattr(parsed.config, "data", None), "dataset", None)
+        if name is not None and (section.get("args") or name in self.cfg.tasks):
+            check_args(name, section.get("args") or {}, self.cfg.tasks)  # built-ins without args: no torch here
+        if name in self.cfg.tasks and "id" not in (doc.get("model") or {}):  # named as the consumer named it
+            config = parsed.config.model_copy(update={"task": TaskConfig.model_construct(name=name)})
+            parsed.model = parsed.model.model_copy(update={"id": ENGINE_KINDS[kind].default_model_id(config)})
+        return parsed
+
+    def _check_chain(self, job: dict[str, Any]) -> None:
+        """A chained job names producers of this service's configuration and never their endpoints."""
+        if "endpoints" in job:
+            raise MnSError(400, "a chained job names its producers only; where they are is the service's "
+                           "configuration", bad_attributes=["VsDataContainer/sluice-job"])
+        names = job.get("producers")
+        unknown = [n for n in names if n not in self.cfg.producers] if isinstance(names, list) else []
+        if unknown:
+            known = ", ".join(self.cfg.producers) or "none configured"
+            raise MnSError(400, f"unknown producer(s) {', '.join(map(str, unknown))}; this service knows: {known}",
+                           bad_attributes=["VsDataContainer/sluice-job"])
+
+    def _check_attrs(self, cls: str, attrs: Any, *, old: dict[str, Any] | None = None) -> dict[str, Any]:
+        if not isinstance(attrs, dict):
+            raise MnSError(400, "attributes must be an object", bad_attributes=["attributes"])
+        ro = sorted(k for k in attrs if k in READ_ONLY[cls] and (old is None or attrs[k] != old.get(k)))
+        if ro:
+            raise MnSError(400, f"read-only attributes of {cls}: {', '.join(ro)} (the producer sets them)",
+                           bad_attributes=ro)
+        unknown = sorted(k for k in attrs if k not in WRITABLE[cls] and k not in READ_ONLY[cls])
+        if unknown:
+            raise MnSError(400, f"{cls} has no attribute {', '.join(unknown)}", bad_attributes=unknown)
+        for k in ("cancelRequest", "suspendRequest", "cancelProcess", "suspendProcess"):
+            if k in attrs and not isinstance(attrs[k], bool):
+                raise MnSError(400, f"{k} must be true or false", bad_attributes=[k])
+        return {k: v for k, v in attrs.items() if k not in READ_ONLY[cls]}
+
+    def put_request(self, ldn: str, body: dict[str, Any], actor: Actor | None = None) -> tuple[MOI, bool]:
+        """Create (True, owned by ``actor``) or replace (False; 404 when ``actor`` may not see it) the request."""
+        if self.store.get(ldn) is None:
+            return self.create_request(ldn, body, actor), True
+        self.get(ldn, actor)
+        return self.modify_request(ldn, body.get("attributes") or {}, read_vs(body, "MLTrainingRequest"),
+                                   replace=True), False
+
+    def new_request_id(self) -> str:
+        return f"R{uuid.uuid4().hex[:12]}"
+
+    def create_request(self, ldn: str, body: dict[str, Any], actor: Actor | None = None) -> MOI:
+        check_id(id_of(ldn))
+        attrs = self._check_attrs("MLTrainingRequest", body.get("attributes") or {})
+        vs = read_vs(body, "MLTrainingRequest")
+        job = self._job_from(attrs, vs, id_of(ldn))
+        attrs.setdefault("cancelRequest", False)
+        attrs.setdefault("suspendRequest", False)
+        attrs["requestStatus"] = "NOT_STARTED"
+        with self.store.write() as tx:
+            if tx.get(ldn) is not None:
+                raise MnSError(409, f"{ldn_to_dn(ldn)} exists")
+            req = tx.create(ldn, "MLTrainingRequest", attrs, vs, {"processes": [], "job": job, **tag(actor)})
+            proc = self._new_process(tx, req, job, trigger="CONSUMER_REQUEST", suspended=attrs["suspendRequest"])
+            if attrs["cancelRequest"]:
+                self._cancel_pending(tx, proc)
+            self._sync_request(tx, proc)
+        self.supervisor.wake()
+        return self.get(ldn)
+
+    def _new_process(self, tx: Tx, req: MOI, job: dict[str, Any], *, trigger: str, suspended: bool = False,
+                     model: dict[str, Any] | None = None, last_report: str | None = None) -> MOI:
+        n = len(req.internal.get("processes", [])) + 1
+        pid = safe_id(f"{id_of(req.dn)}-{n}")
+        while tx.get(f"{self.tf}/MLTrainingProcess={pid}") is not None:  # kept from a deleted request of this id
+            n += 1
+            pid = safe_id(f"{id_of(req.dn)}-{n}")
+        ldn = f"{self.tf}/MLTrainingProcess={pid}"
+        model = model or job["model"]
+        decided = job["decided_by"]
+        if trigger != "CONSUMER_REQUEST":
+            decided = "agreed"
+        neg: dict[str, Any] = {"decidedBy": job["decided_by"], "state": "AGREED"}
+        termination = job["termination"]
+        if decided in ("producer", "negotiated"):
+            termination, rationale = self._propose(job)
+            neg["proposal"] = termination
+            neg["rationale"] = rationale
+            if decided == "negotiated":
+                neg["state"] = "PROPOSED"
+        record = created(Created(negotiated=neg["state"] == "PROPOSED", suspended=bool(suspended), kind=job["kind"]))
+        status = {"status": "NOT_STARTED", "progressPercentage": 0,
+                  "progressStateInfo": "AWAITING_AGREEMENT" if record.phase is Phase.PROPOSED else "QUEUED",
+                  "resultStateInfo": ""}
+        if suspended and record.phase is Phase.QUEUED:
+            status.update(status="SUSPENDED", progressStateInfo="SUSPENDED")
+        attrs = {"priority": int(req.internal.get("priority", 0)),
+                 "terminationConditions": brief(parse_termination(termination)) if termination else "",
+                 "progressStatus": status, "cancelProcess": False, "suspendProcess": bool(suspended),
+                 "trainingRequestRef": [ldn_to_dn(req.dn)]}
+        vs = {"sluice-negotiation": neg, "sluice-status": {"state": status["status"], "iterations": 0}}
+        if termination is not None:
+            vs["sluice-termination"] = termination
+        if job["requirements"]:
+            vs["sluice-requirements"] = job["requirements"]
+        internal = {"phase": record.phase.value, "request": req.dn, "kind": job["kind"], "raw": job["raw"],
+                    "model": model, "trigger": trigger, "termination": termination,
+                    "requirements": job["requirements"], "suspended": record.suspended, "queued_at": time.time(),
+                    "last_report": last_report,
+                    **inherited(req.internal)}
+        proc = tx.create(ldn, "MLTrainingProcess", attrs, vs, internal)
+        ri = dict(req.internal)
+        ri["processes"] = [*ri.get("processes", []), ldn]
+        ri["current"] = ldn
+        tx.update(req, internal=ri, notify=False)
+        return proc
+
+    # ------------------------------------------------------------------ request status
+    @staticmethod
+    def _request_status(proc: MOI) -> str:
+        return request_status(ProcessRecord.of(proc.internal), proc.attributes.get("progressStatus", {}).get("status"))
+
+    def _sync_request(self, tx: Tx, proc: MOI) -> None:
+        req = tx.get(proc.internal["request"])
+        if req is None or req.internal.get("current") != proc.dn:
+            return
+        attrs = dict(req.attributes)
+        attrs["requestStatus"] = self._request_status(proc)
+        if attrs != req.attributes:
+            tx.update(req, attributes=attrs)
+
+    def _set_process(self, tx: Tx, proc: MOI, *, attrs: dict[str, Any] | None = None,
+                     vs: dict[str, Any] | None = None, internal: dict[str, Any] | None = None) -> None:
+        a = dict(proc.attributes)
+        a.update(attrs or {})
+        v = dict(proc.vs_data)
+        v.update(vs or {})
+        i = dict(proc.internal)
+        i.update(internal or {})
+        tx.update(proc, attributes=a, vs_data=v, internal=i)
+        self._sync_request(tx, proc)
+
+    # ------------------------------------------------------------------ requests: modify
+    def modify_request(self, ldn: str, attrs_in: dict[str, Any], vs_in: dict[str, Any], *, replace: bool,
+                       merge: bool = False) -> MOI:
+        """Apply new attributes and VsData to a request: PUT replaces the writable attributes and
+        containers, a merge patch merges them (``merge``). Cancel, suspend/resume, requirement and
+        termination changes act on the current process; feedback may start a retraining."""
+        req = self.get(ldn)
+        old_attrs, old_vs, attrs, vs = self._merged_request(req, attrs_in, vs_in, merge)
+        attrs.setdefault("cancelRequest", old_attrs.get("cancelRequest", False))
+        attrs.setdefault("suspendRequest", old_attrs.get("suspendRequest", False))
+        feedback = vs.pop("sluice-feedback", None)
+        proc = self.get(req.internal["current"])
+        ended = _phase(proc) is Phase.ENDED
+        job_keys = ("sluice-job", "sluice-requirements", "sluice-termination", "sluice-negotiation")
+        job_attrs = ("performanceRequirements", "aIMLInferenceName")
+        job_changed = any(vs.get(k) != old_vs.get(k) for k in job_keys) or any(
+            attrs.get(k) != old_attrs.get(k) for k in job_attrs)
+        new_job = self._job_from(attrs, vs, id_of(ldn)) if job_changed else req.internal["job"]
+        cancel = attrs["cancelRequest"] and not old_attrs.get("cancelRequest", False)
+        suspend_change = attrs["suspendRequest"] != old_attrs.get("suspendRequest", False)
+        if cancel and ended and proc.attributes["progressStatus"]["status"] != "CANCELLED":
+            raise MnSError(409, f"the request has ended ({req.attributes.get('requestStatus')}); it cannot be "
+                           "cancelled", bad_attributes=["cancelRequest"])
+        if suspend_change and ended:
+            raise MnSError(409, f"the request has ended ({req.attributes.get('requestStatus')}); it cannot be "
+                           "suspended or resumed", bad_attributes=["suspendRequest"])
+        if job_changed and not ended and _phase(proc).active:
+            self._update_running(proc, req.internal["job"], new_job)
+        # write the request, then act on the process
+        with self.store.write() as tx:
+            cur = tx.get(ldn)
+            assert cur is not None
+            new_attrs = dict(attrs)
+            new_attrs["requestStatus"] = cur.attributes.get("requestStatus", "NOT_STARTED")
+            tx.update(cur, attributes=new_attrs, vs_data={**vs, **({"sluice-trigger": cur.vs_data["sluice-trigger"]}
+                                                                   if "sluice-trigger" in cur.vs_data else {})},
+                      internal={**cur.internal, "job": new_job})
+            p = tx.get(proc.dn)
+            assert p is not None
+            if job_changed and _phase(p).pending:
+                self._requeue_with(tx, cur, p, new_job)
+                p = tx.get(proc.dn)
+                assert p is not None
+            elif job_changed and _phase(p).active:
+                self._set_process(tx, p, vs={k: v for k, v in (
+                    ("sluice-termination", new_job["termination"]), ("sluice-requirements", new_job["requirements"]))
+                    if v is not None}, attrs={"terminationConditions": brief(parse_termination(
+                        new_job["termination"])) if new_job["termination"] else p.attributes.get(
+                        "terminationConditions", "")}, internal={"termination": new_job["termination"] or
+                                                                 p.internal.get("termination"),
+                                                                 "requirements": new_job["requirements"]})
+        if suspend_change:
+            self._suspend(proc.dn, attrs["suspendRequest"])
+        if cancel:
+            self._cancel(proc.dn)
+        if feedback is not None:
+            self.feedback(ldn, feedback)
+        self.supervisor.wake()
+        return self.get(ldn)
+
+    def _merged_request(self, req: MOI, attrs_in: Any, vs_in: dict[str, Any], merge: bool) -> tuple[
+            dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
+        """The request's writable attributes and vsData before (``old_attrs``, ``old_vs``) and after a PUT
+        (replaced) or a merge patch (``merge``): ``(old_attrs, old_vs, attrs, vs)``."""
+        old_attrs = {k: v for k, v in req.attributes.items() if k != "requestStatus"}
+        old_vs = {k: v for k, v in req.vs_data.items() if k not in ("sluice-trigger",)}
+        if not merge:
+            return old_attrs, old_vs, self._check_attrs("MLTrainingRequest", attrs_in, old=req.attributes), dict(vs_in)
+        attrs = self._check_attrs("MLTrainingRequest", merge_patch(old_attrs, attrs_in) if isinstance(
+            attrs_in, dict) else attrs_in, old=req.attributes)
+        vs = dict(old_vs)
+        for k, v in vs_in.items():
+            if v is None:
+                vs.pop(k, None)
+            elif k == "sluice-feedback":
+                vs[k] = v
+            else:
+                vs[k] = merge_patch(old_vs.get(k), v) if isinstance(v, dict) else v
+        return old_attrs, old_vs, attrs, vs
+
+    def _update_running(self, proc: MOI, old_job: dict[str, Any], new_job: dict[str, Any]) -> None:
+        """A request changed while its process trains: its worker takes the new requirements and termination
+        parameters at the next iteration; the engine, its configuration and the negotiation mode stay (409)."""
+        if (new_job["kind"], new_job["raw"], new_job["decided_by"]) != (
+                old_job["kind"], old_job["raw"], old_job["decided_by"]):
+            raise MnSError(409, "the engine, its configuration or the negotiation mode cannot change while "
+                           "the request trains; cancel it and create a new one",
+                           bad_attributes=["VsDataContainer/sluice-job"])
+        upd: dict[str, Any] = {"cmd": "update"}
+        if new_job["requirements"] != old_job["requirements"]:
+            upd["requirements"] = new_job["requirements"] or {}
+        if new_job["termination"] != old_job["termination"] and new_job["termination"] is not None:
+            upd["termination"] = new_job["termination"]
+            upd["replace"] = True
+        if len(upd) > 1:
+            self._call(proc, upd, "VsDataContainer/sluice-termination")
+
+    def _requeue_with(self, tx: Tx, req: MOI, proc: MOI, job: dict[str, Any]) -> None:
+        """A request changed before its process started: the process takes the new job (and a new proposal
+        when the producer decides)."""
+        neg = {"decidedBy": job["decided_by"], "state": "AGREED"}
+        termination = job["termination"]
+        if job["decided_by"] in ("producer", "negotiated"):
+            termination, rationale = self._propose(job)
+            neg.update(proposal=termination, rationale=rationale)
+            if job["decided_by"] == "negotiated":
+                neg["state"] = "PROPOSED"
+        phase = Phase.PROPOSED if neg["state"] == "PROPOSED" else Phase.QUEUED
+        status = dict(proc.attributes["progressStatus"])
+        if not proc.internal.get("suspended"):
+            status["progressStateInfo"] = "AWAITING_AGREEMENT" if phase is Phase.PROPOSED else "QUEUED"
+        vs = {"sluice-negotiation": neg}
+        if termination is not None:
+            vs["sluice-termination"] = termination
+        if job["requirements"]:
+            vs["sluice-requirements"] = job["requirements"]
+        v = {k: x for k, x in proc.vs_data.items() if k not in ("sluice-termination", "sluice-requirements")}
+        v.update(vs)
+        a = dict(proc.attributes)
+        a.update(progressStatus=status,
+                 terminationConditions=brief(parse_termination(termination)) if termination else "")
+        i = dict(proc.internal)
+        i.update(phase=phase.value, kind=job["kind"], raw=job["raw"], model=job["model"], termination=termination,
+                 requirements=job["requirements"])
+        tx.update(proc, attributes=a, vs_data=v, internal=i)
+        self._sync_request(tx, proc)
