@@ -1,0 +1,111 @@
+"""``GET`` of any managed object of this producer: one MOI, or a subtree (``scope``, ``filter``,
+``dataNodeSelector``), with ``attributes`` / ``fields`` selection; an ``MLModel`` with ``Accept:
+application/octet-stream`` downloads the trained model file."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from sluice.service.auth import Actor
+from sluice.service.filters import parse_filter
+from sluice.service.nrm import MnSError, id_of, representation, select_fields
+from sluice.service.store import _filter_matches
+from sluice.service.web import GET_PARAMS, Caller, Site, json_response
+
+SCOPE_TYPES = ("BASE_ONLY", "BASE_NTH_LEVEL", "BASE_SUBTREE", "BASE_ALL")
+
+
+def _scope(q: Any) -> tuple[str, int]:
+    """``(scopeType, scopeLevel)`` of the query: ``scope`` (JSON or a bare type) or the separate parameters."""
+    scope_type, level = "BASE_ONLY", 0
+    if "scope" in q:
+        raw = q["scope"]
+        try:
+            scope = json.loads(raw) if raw.strip().startswith("{") else {"scopeType": raw}
+        except ValueError as exc:
+            raise MnSError(400, f"scope is not JSON: {exc}", bad_query_params=["scope"]) from exc
+        scope_type = scope.get("scopeType", "BASE_ONLY")
+        level = scope.get("scopeLevel", 0)
+    if "scopeType" in q:
+        scope_type = q["scopeType"]
+    if "scopeLevel" in q:
+        level = q["scopeLevel"]
+    try:
+        level = int(level)
+    except (TypeError, ValueError) as exc:
+        raise MnSError(400, "scopeLevel must be an integer", bad_query_params=["scopeLevel"]) from exc
+    if scope_type not in SCOPE_TYPES or level < 0:
+        raise MnSError(400, f"scopeType {scope_type!r} is not BASE_ONLY, BASE_NTH_LEVEL, BASE_SUBTREE or BASE_ALL",
+                       bad_query_params=["scope"])
+    return scope_type, level
+
+
+def _download(site: Site, ldn: str, row: Any) -> Response:
+    art = site.service.artifact(ldn)
+    name = (row.vs_data.get("sluice-model") or {}).get("file", "model.pt")
+    return Response(art.content, media_type="application/octet-stream", headers={
+        "Content-Disposition": f'attachment; filename="{id_of(ldn)}-{name}"', "ETag": f'"{art.sha256}"'})
+
+
+def _nest(top: dict[str, Any], row: Any, base_depth: int, rows: list[Any], chosen: set[str], render: Any) -> None:
+    """Put the chosen MOIs under ``top`` by class name, with the MOIs on the way to them as bare ids."""
+    needed = set(chosen)
+    for dn in chosen:
+        up = dn.rpartition("/")[0]
+        while up.count("/") > base_depth:
+            needed.add(up)
+            up = up.rpartition("/")[0]
+    nodes = {row.dn: top}
+    for r in rows:
+        parent = nodes.get(r.dn.rpartition("/")[0])
+        if r.dn not in needed or parent is None:
+            continue
+        node = render(r) if r.dn in chosen else {"id": id_of(r.dn)}
+        parent.setdefault(r.object_class, []).append(node)
+        nodes[r.dn] = node
+
+
+def read(site: Site, request: Request, ldn: str, actor: Actor | None) -> Response:
+    q = request.query_params
+    bad = sorted(set(q) - GET_PARAMS)
+    if bad:
+        raise MnSError(400, f"unknown query parameters {bad}; allowed: {sorted(GET_PARAMS)}", bad_query_params=bad)
+    cls, _ = site.locate(ldn)
+    row = site.service.get(ldn, actor)
+    if cls == "MLModel" and "application/octet-stream" in request.headers.get("accept", ""):
+        return _download(site, ldn, row)
+    attributes = [a for a in q.get("attributes", "").split(",") if a] if "attributes" in q else None
+    fields = [f for f in q.get("fields", "").split(",") if f] if "fields" in q else None
+    scope_type, level = _scope(q)
+    flt = parse_filter(q.get("filter"))
+    selector = parse_filter(q.get("dataNodeSelector"), "dataNodeSelector")
+    if selector is not None and not {"scope", "scopeType", "scopeLevel"} & set(q):
+        scope_type = "BASE_ALL"  # the selector chooses among every node below the base
+
+    def render(r: Any) -> dict[str, Any]:
+        doc = representation(r, attributes=attributes)
+        return select_fields(doc, fields) if fields is not None else doc
+
+    top = render(row)
+    if scope_type != "BASE_ONLY":
+        depth = None if scope_type == "BASE_ALL" else level
+        base_depth = ldn.count("/")
+        rows = sorted(site.service.subtree(ldn, depth, actor), key=lambda r: (r.dn.count("/"), r.seq))
+        chosen = {r.dn for r in rows if all(f is None or f.matches(r, _filter_matches) for f in (flt, selector))
+                  and (scope_type != "BASE_NTH_LEVEL" or r.dn.count("/") - base_depth == level)}
+        _nest(top, row, base_depth, rows, chosen, render)
+    return json_response(top)
+
+
+def router(site: Site) -> APIRouter:
+    r = APIRouter()
+
+    @r.get(site.base + "/{ldn:path}", include_in_schema=False)
+    def get(request: Request, ldn: str, actor: Caller) -> Response:
+        return read(site, request, ldn, actor)
+
+    return r

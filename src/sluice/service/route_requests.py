@@ -1,0 +1,71 @@
+"""``MLTrainingRequest``: ``PUT`` creates (201) or replaces it, ``PATCH`` changes it, ``DELETE`` removes it;
+``POST`` on the ``MLTrainingFunction`` creates one with an id the producer chooses
+(:mod:`~sluice.service.route_tree`)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from sluice.service.auth import Actor
+from sluice.service.nrm import read_vs, representation
+from sluice.service.web import (
+    Caller,
+    RawBody,
+    Site,
+    json_response,
+    patch_input,
+    patch_row,
+    put_answer,
+    schema_check,
+)
+
+CLS = "MLTrainingRequest"
+
+
+def put(site: Site, request: Request, ldn: str, raw: bytes, actor: Actor | None) -> Response:
+    cls, parent = site.locate(ldn)
+    body = site.put_body(ldn, cls, raw, actor)
+    site.parent_must_be(ldn, cls, parent)
+    schema_check(cls, body, partial=False)
+    row, created = site.service.put_request(ldn, body, actor)
+    return put_answer(request, row, created)
+
+
+def patch(site: Site, request: Request, ldn: str, raw: bytes, actor: Actor | None) -> Response:
+    cls, row = patch_row(site, ldn, actor)
+    p = patch_input(request, ldn, cls, row, raw)
+    if p.merge:
+        out = site.service.modify_request(ldn, p.attrs, p.vs, replace=False, merge=True)
+    else:
+        assert p.new is not None
+        out = site.service.modify_request(ldn, p.attrs, dict(read_vs(p.new, cls)), replace=True)
+    return json_response(representation(out), 200)
+
+
+def delete(site: Site, ldn: str, actor: Actor | None) -> Response:
+    site.locate(ldn)
+    site.service.get(ldn, actor)
+    site.service.delete_request(ldn)
+    return Response(status_code=204)
+
+
+def router(site: Site) -> APIRouter:
+    r = APIRouter()
+    path = site.base + "/{parent:path}/" + CLS + "={rid}"
+
+    @r.put(path, include_in_schema=False)
+    def put_route(request: Request, parent: str, rid: str, actor: Caller,
+                  raw: RawBody) -> Response:
+        return put(site, request, f"{parent}/{CLS}={rid}", raw, actor)
+
+    @r.patch(path, include_in_schema=False)
+    def patch_route(request: Request, parent: str, rid: str, actor: Caller,
+                    raw: RawBody) -> Response:
+        return patch(site, request, f"{parent}/{CLS}={rid}", raw, actor)
+
+    @r.delete(path, include_in_schema=False)
+    def delete_route(parent: str, rid: str, actor: Caller) -> Response:
+        return delete(site, f"{parent}/{CLS}={rid}", actor)
+
+    return r
