@@ -150,20 +150,19 @@ def test_dead_or_stalled_follower_process_gives_a_clear_error(tmp_path, sig, sta
 
 def test_leader_stopping_early_ends_the_follower_process_cleanly(tmp_path):
     """Termination fires after 7 of the 400 proposed steps: the follower process stops at once, says it
-    trained 7 steps and exits 0 (it does not wait for the planned steps or its stall timeout)."""
+    trained 7 steps and exits 0 (it does not wait for the planned steps or its stall timeout: a follower that
+    waited out its 30 s timeout would end with an error, not this line and status 0)."""
     from sluice.control.process import train
 
     p, addr = _spawn_follower(tmp_path, timeout_s=30.0)
     try:
         engine = SplitEngine(_leader_cfg(30.0), connect=[addr])
         assert engine.default_iterations == 400
-        t0 = time.perf_counter()
         report = train(engine, {"iterations": 7})
         assert report.iterations == 7 and len(engine.records) == 7
-        out, _ = p.communicate(timeout=10)
+        out, _ = p.communicate(timeout=60)
         assert p.returncode == 0, out
         assert "trained 7 steps" in out
-        assert time.perf_counter() - t0 < 20
     finally:
         if p.poll() is None:
             p.kill()
