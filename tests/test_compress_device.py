@@ -45,8 +45,9 @@ def test_topk_indices_and_keep_probabilities_match_numpy(k):
     for x in _vectors():
         t = torch.from_numpy(x)
         np.testing.assert_array_equal(dev.topk_indices(t, k).numpy(), topk_indices(x, k))
-        np.testing.assert_allclose(dev.keep_probabilities(t, k).numpy(), keep_probabilities(x, k), rtol=1e-12,
-                                   atol=0)
+        # the tail sums Σa − Σ_{j<c} a_j cancel as c nears d: summation order (threads) shows at 1e-11
+        np.testing.assert_allclose(dev.keep_probabilities(t, k).numpy(), keep_probabilities(x, k), rtol=1e-9,
+                                   atol=1e-12)
 
 
 def test_topk_stage_sends_the_same_bytes_from_a_tensor():
