@@ -1,5 +1,5 @@
 """``sluice --help``, ``--version`` and every sub-command's ``--help`` build the parser from light modules:
-no engine, torch, scikit-learn, matplotlib or gRPC is imported to answer them."""
+no engine, torch, scikit-learn, SciPy, matplotlib or gRPC is imported to answer them."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-HEAVY = ("torch", "sklearn", "matplotlib", "grpc")
+HEAVY = ("torch", "sklearn", "scipy", "matplotlib", "grpc")
 
 _PROBE = """
 import contextlib, io, json, sys

@@ -36,7 +36,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.signal import lfilter
 
 from sluice.control.curves import PowerLaw, fit_batch, fit_power_law, regime_start
 
@@ -115,6 +114,8 @@ def simulate(ns: np.ndarray, ys: np.ndarray, *, now: int, target: float, mode: s
     future = ns[-1] + step * np.arange(1, max(2, math.ceil((now + horizon - ns[-1]) / step)) + 1)
     mean = c[:, None] + a[:, None] * np.exp(-alpha[:, None] * np.log(future)[None, :])
     z = rng.standard_normal(mean.shape) * sigma * math.sqrt(1 - rho * rho)
+    from scipy.signal import lfilter  # here, not at the top: every process reading a job imports this module
+
     noise = lfilter([1.0], [1.0, -rho], z, axis=1, zi=np.full((mean.shape[0], 1), rho * resid[-1]))[0]
     passed = ys >= target if mode == "max" else ys <= target
     first = _first_passes(mean + noise, passed, target, mode, patience)
