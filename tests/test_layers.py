@@ -36,7 +36,8 @@ PACKAGE = SRC / "sluice"
 
 LAYERS: dict[str, tuple[str, ...]] = {
     "entry points": ("sluice", "sluice.__main__", "sluice.cli", "sluice.service"),
-    "runtimes and jobs": ("sluice.flower", "sluice.jobs", "sluice.training", "sluice.api", "sluice.plots"),
+    "runtimes and jobs": ("sluice.flower", "sluice.jobs", "sluice.training", "sluice.remote", "sluice.api",
+                          "sluice.plots"),
     "control": ("sluice.control", "sluice.runs"),
     "engines": ("sluice.hfl", "sluice.vfl", "sluice.local", "sluice.engine"),
     "bytes, codecs and links": ("sluice.wire", "sluice.compress", "sluice.transport"),
