@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import os
+import socket
 import threading
 import time
 import traceback
@@ -27,7 +28,12 @@ from sluice.remote import run_steered
 
 PRELOAD = ["torch", "numpy", "sklearn.datasets", "sklearn.model_selection", "sluice.data", "sluice.models",
            "sluice.control", "sluice.jobs", "sluice.local", "sluice.local.trainer", "sluice.hfl",
-           "sluice.remote", "sluice.service.worker"]
+           "sluice.remote", "sluice.service.worker",
+           # what a worker imports later, on its way to the first iteration: torch's optimizers import
+           # torch._dynamo when the first one is built (about 1 s of CPU in every worker otherwise); the
+           # tasks, datasets and engines a default job builds; the probe of what an engine reports
+           "torch._dynamo", "sluice.tasks.builtin", "sluice.tasks.resolve", "sluice.data.scenarios",
+           "sluice.local.config", "sluice.hfl.engine", "sluice.service.capabilities"]
 
 
 def worker_main(spec: dict[str, Any], conn: Connection) -> None:
@@ -65,7 +71,16 @@ class Supervisor:
     ``pick_next()`` returns the spec of the next process to start (and marks it started) or None;
     ``on_message(ldn, msg)`` gets every message but acks, in this supervisor's thread; a worker that
     exits without ``done`` or ``failed`` produces ``{"kind": "died", "exitcode": n}``.
+
+    The loop sleeps until something happens: a worker's message or exit, or :meth:`wake` (a socket in the
+    same ``wait`` as the workers' connections). It asks ``pick_next`` only when the queue may have changed:
+    at start, after :meth:`wake`, when a worker ended (a place freed) and after a ``pick_next`` that raised;
+    never on a timer.
     """
+
+    #: seconds between checks of workers that exited without closing their connection (a fallback: an exit
+    #: closes it, and the loop wakes on that at once)
+    reap_every_s = 0.5
 
     def __init__(self, max_concurrent: int, pick_next: Callable[[], dict[str, Any] | None],
                  on_message: Callable[[str, dict[str, Any]], None], *, start_method: str = "forkserver",
@@ -81,7 +96,11 @@ class Supervisor:
         self.workers: dict[str, Worker] = {}
         self._lock = threading.Lock()
         self._registered = threading.Condition(self._lock)
-        self._wake = threading.Event()
+        self._wake = threading.Event()  # the queue may have changed: ask pick_next
+        self._wake.set()  # processes queued before the service started
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
         self._stop = threading.Event()
         self._tokens = itertools.count(1)
         self._acks: dict[int, tuple[threading.Event, dict[str, Any]]] = {}
@@ -98,6 +117,10 @@ class Supervisor:
     def wake(self) -> None:
         """Look at the queue now (a process was queued, resumed or re-prioritised)."""
         self._wake.set()
+        try:
+            self._wake_w.send(b"w")
+        except OSError:  # full (the loop is awake and will look) or closed (stopped)
+            pass
 
     def alive(self) -> bool:
         """Whether the loop that starts and listens to workers runs."""
@@ -175,42 +198,61 @@ class Supervisor:
             return
         if msg.get("kind") in ("done", "failed", "refused"):
             w.ended = True
+            self._wake.set()  # its place is free
         self.on_message(w.ldn, msg)
 
     def _loop(self) -> None:
+        next_reap = time.monotonic() + self.reap_every_s
         while not self._stop.is_set():
-            try:
-                self._fill()
-            except Exception:  # noqa: BLE001 - a database hiccup: try again on the next turn
-                traceback.print_exc()
-            with self._lock:
-                live = {w.conn: w for w in self.workers.values()}
-            if not live:
-                self._wake.wait(0.5)
-                self._wake.clear()
-                continue
-            ready = wait(list(live), timeout=0.05)
-            for conn in ready:
-                w = live[conn]  # type: ignore[index]
-                try:
-                    while conn.poll():
-                        self._handle(w, conn.recv())
-                except (EOFError, OSError):
-                    self._reap(w)
-                except Exception:  # noqa: BLE001 - keep serving the other workers
-                    traceback.print_exc()
-            for w in list(live.values()):
-                with self._lock:
-                    current = self.workers.get(w.ldn) is w
-                if not current:
-                    continue
-                try:
-                    if not w.process.is_alive() and not w.conn.poll():
-                        self._reap(w)
-                except OSError:
-                    self._reap(w)
             if self._wake.is_set():
                 self._wake.clear()
+                try:
+                    self._fill()
+                except Exception:  # noqa: BLE001 - a database hiccup: try again on the next turn
+                    traceback.print_exc()
+                    self._wake.set()
+            with self._lock:
+                live = {w.conn: w for w in self.workers.values()}
+            timeout = self.reap_every_s if live else None
+            if self._wake.is_set():
+                timeout = self.reap_every_s  # pick_next raised: try again soon, not at once
+            ready = wait([*live, self._wake_r], timeout=timeout)
+            for conn in ready:
+                if conn is self._wake_r:
+                    self._drain_wake()
+                    continue
+                self._read(live[conn])  # type: ignore[index]
+            if live and time.monotonic() >= next_reap:
+                next_reap = time.monotonic() + self.reap_every_s
+                self._reap_exited(list(live.values()))
+
+    def _drain_wake(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except OSError:  # nothing more to read (or closed by stop)
+            pass
+
+    def _read(self, w: Worker) -> None:
+        try:
+            while w.conn.poll():
+                self._handle(w, w.conn.recv())
+        except (EOFError, OSError):
+            self._reap(w)
+        except Exception:  # noqa: BLE001 - keep serving the other workers
+            traceback.print_exc()
+
+    def _reap_exited(self, workers: list[Worker]) -> None:
+        for w in workers:
+            with self._lock:
+                current = self.workers.get(w.ldn) is w
+            if not current:
+                continue
+            try:
+                if not w.process.is_alive() and not w.conn.poll():
+                    self._reap(w)
+            except OSError:
+                self._reap(w)
 
     def _reap(self, w: Worker) -> None:
         w.process.join(1.0)
@@ -218,6 +260,7 @@ class Supervisor:
             if self.workers.get(w.ldn) is not w:
                 return
             self.workers.pop(w.ldn, None)
+        self._wake.set()  # its place is free (a died one is queued again)
         try:
             w.conn.close()
         except OSError:
@@ -229,9 +272,11 @@ class Supervisor:
     def stop(self, grace_s: float = 5.0) -> None:
         """Cancel every worker, wait ``grace_s`` for them, then end the rest."""
         self._stop.set()
-        self._wake.set()
+        self.wake()
         if self._thread.is_alive():
             self._thread.join(5.0)
+        for sock in (self._wake_r, self._wake_w):
+            sock.close()
         with self._lock:
             workers = list(self.workers.values())
         for w in workers:
