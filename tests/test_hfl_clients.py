@@ -63,6 +63,8 @@ def test_dropouts_are_counted_per_client() -> None:
         parts = [p for e in events for p in e.clients if p.client == cid]
         assert c.sampled == len(parts) and c.dropped == sum(p.dropped for p in parts)
         assert c.samples == (engine.data.sizes[cid] if c.rounds else 0)
+        assert c.active == (not parts[-1].dropped)  # out while it has not answered since it dropped
+    assert any(not c.active for c in report.clients)
     for e in events:  # three of six sampled a round; a dropped client trained on nothing
         assert len(e.clients) == 3
         assert all(p.samples == 0 and not p.metrics and p.seconds == 0 for p in e.clients if p.dropped)
@@ -109,7 +111,7 @@ def _report() -> TrainingReport:
     clients = [ClientReport(id=0, rounds=3, samples=40, training_s=0.5, first_round=1, last_round=3,
                             started_at="2026-11-27T07:00:00.000Z", ended_at="2026-11-27T07:00:02.500Z",
                             performance={"train_loss": 0.5}),
-               ClientReport(id=2, dropped=2, resynced=1)]
+               ClientReport(id=2, dropped=2, resynced=1, active=False)]
     return TrainingReport(cause=Cause.CRITERION_MET, status=ProcessState.FINISHED, iterations=3, clients=clients,
                           performance={"test_accuracy": 0.9, "participants": 1.0, "dropped": 1.0})
 
@@ -123,8 +125,8 @@ def test_3gpp_per_client_report_and_participating_clients() -> None:
     assert threegpp.fl_client_dn(3) == "SubNetwork=SN1,MLTrainingFunction=TF1-client-3"
     with pytest.raises(ValueError):
         threegpp.fl_client_dn(1, "SubNetwork=SN1")
-    # the node that only dropped out is listed too
-    assert threegpp.participating_fl_clients(rep, tf) == [f"{tf}-client-0", f"{tf}-client-2"]
+    # the node that dropped out and has not answered since takes no part now; the report still lists it
+    assert threegpp.participating_fl_clients(rep, tf) == [f"{tf}-client-0"]
     assert threegpp.participating_fl_clients(rep.clients, tf) == threegpp.participating_fl_clients(rep, tf)
     doc = threegpp.training_report(rep, tf)
     per = doc["fLReportPerClient"]

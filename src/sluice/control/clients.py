@@ -5,8 +5,9 @@ A federated engine lists in every :class:`sluice.engine.IterationEvent` the part
 as :attr:`sluice.control.report.TrainingReport.clients`, one :class:`ClientReport` per client that was
 sampled at least once, in id order. A client that drops out (it received the server's message and uploaded
 nothing) counts in ``dropped``; one that comes back after a dense resynchronisation (a restarted node) in
-``resynced``; both keep their entry. :func:`sluice.control.threegpp.training_report` renders the entries
-as TS 28.105 ``fLReportPerClient``.
+``resynced``; both keep their entry. A client takes part (:meth:`ClientTally.participating`) from its first
+sampling on, and leaves while it has not answered since it dropped out (``active``).
+:func:`sluice.control.threegpp.training_report` renders the entries as TS 28.105 ``fLReportPerClient``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ class ClientReport(BaseModel):
     ended_at: str | None = Field(None, description="when its last local training ended (UTC, ISO 8601)")
     performance: dict[str, float] = Field(default_factory=dict, description="what it reported the last time it "
                                           "trained (train_loss...)")
+    active: bool = Field(True, description="it uploaded the last time it was sampled (False: it dropped out and "
+                         "has not answered since)")
 
     @property
     def sampled(self) -> int:
@@ -61,6 +64,7 @@ class ClientTally:
         for p in parts:
             r = self._clients.setdefault(int(p.client), ClientReport(id=int(p.client)))
             r.resynced += bool(p.resynced)
+            r.active = not p.dropped
             if p.dropped:
                 r.dropped += 1
                 continue
@@ -79,8 +83,8 @@ class ClientTally:
         return [self._clients[c].model_copy(deep=True) for c in sorted(self._clients)]
 
     def participating(self) -> list[int]:
-        """The ids of the clients that took part so far (sampled at least once), in order."""
-        return sorted(c for c, r in self._clients.items() if r.sampled)
+        """The ids of the clients taking part (sampled at least once, and uploaded the last time), in order."""
+        return sorted(c for c, r in self._clients.items() if r.sampled and r.active)
 
     def state(self) -> list[dict[str, Any]]:
         """The tally as plain dicts (a process checkpoint's ``clients``)."""

@@ -264,7 +264,8 @@ class TrainingProcess:
         """Live status: the TS 28.105 ``ProcessMonitor`` fields (``status``, ``progressPercentage``,
         ``progressStateInfo``, ``resultStateInfo``) plus iterations done, active training time, the latest
         metrics, progress, the current estimates of what remains and the ids of the clients of a federated
-        engine that took part so far (``participating_clients``: sampled at least once) (JSON-ready)."""
+        engine taking part (``participating_clients``: sampled at least once, and uploaded the last time)
+        (JSON-ready)."""
         e = self.estimate()
         return json_ready({
             "status": self.state.value,

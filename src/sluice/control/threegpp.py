@@ -110,9 +110,10 @@ def _clients_of(clients: TrainingReport | Iterable[ClientReport]) -> list[Client
 
 def participating_fl_clients(clients: TrainingReport | Iterable[ClientReport],
                              training_function: str = DEFAULT_TRAINING_FUNCTION) -> list[str]:
-    """``participatingFLClientRefList``: the DN (:func:`fl_client_dn`) of every client that took part (a report's
-    ``clients``: sampled at least once, dropped or not), in id order."""
-    return [fl_client_dn(c.id, training_function) for c in _clients_of(clients) if c.sampled]
+    """``participatingFLClientRefList``: the DN (:func:`fl_client_dn`) of every client taking part (a report's
+    ``clients`` sampled at least once that uploaded the last time they were sampled: one that dropped out is
+    listed again once it answers), in id order."""
+    return [fl_client_dn(c.id, training_function) for c in _clients_of(clients) if c.sampled and c.active]
 
 
 def fl_report_per_client(clients: TrainingReport | Iterable[ClientReport],

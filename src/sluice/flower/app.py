@@ -3,7 +3,10 @@
 The ServerApp's main loop is :func:`sluice.training.run_job` over a :class:`FlowerEngine`: the same
 ``[termination]``, ``[requirements]``, ``report.json``, ``status.json``, ``metrics.jsonl`` and plots as
 ``sluice run``, written into the run configuration's ``out-dir`` on the SuperLink's host. A criterion that
-fires returns from ``main``, which ends the Flower run at that round.
+fires returns from ``main``, which ends the Flower run at that round. A run configuration with
+``sluice-control`` (``HOST:PORT``, and ``sluice-key``, the hex of the connection's authentication key) is a
+run of the management service instead: the ServerApp connects there, receives the worker spec and trains
+under :func:`sluice.remote.run_steered`, steered by the service's worker (:mod:`sluice.flower.relay`).
 
 The ClientApp runs :class:`sluice.hfl.Client` unchanged: the terminal is the node's ``partition-id``. The
 node builds the job's task where it runs, with ``[task.args]`` updated by its own node configuration's
@@ -42,20 +45,20 @@ def main(grid: Grid, context: Context) -> None:
     from rich.console import Console
 
     from sluice.errors import SluiceError
-    from sluice.flower.engine import FlowerEngine
     from sluice.jobs import job_from_dict
     from sluice.plots import plot_accuracy
     from sluice.training import run_job, summarize_hfl
 
     rc = {**P.RUN_CONFIG_DEFAULTS, **dict(context.run_config)}
+    if str(rc["sluice-control"]):
+        _steered(grid, rc)
+        return
     out = str(rc["out-dir"]) or None
     error_file = Path(out) / "flower" / "server-error.txt" if out else None
     engine = None
     try:
         job = job_from_dict("hfl", json.loads(str(rc["sluice-job"])))
-        engine = FlowerEngine(job.config, grid, round_timeout_s=float(rc["round-timeout"]),
-                              link_timeout_s=float(rc["link-timeout"]), node_wait_s=float(rc["node-wait"]),
-                              min_nodes=int(rc["min-nodes"]) or None, poll_s=float(rc["poll-interval"]))
+        engine = _engine(job, grid, rc)
         console = Console(file=sys.stdout, force_terminal=False, width=140)
         code = run_job(job, out, console=console, unit="round", prefix="run", summarize=summarize_hfl,
                        plot=plot_accuracy, engine=engine)
@@ -72,6 +75,31 @@ def main(grid: Grid, context: Context) -> None:
         raise
     if engine is not None and engine.link_lost:
         # the report is written; Flower's own exit handling would retry the lost SuperLink for ever
+        sys.stdout.flush()
+        os._exit(0)
+
+
+def _engine(job: Any, grid: Grid, rc: dict[str, Any]) -> Any:
+    from sluice.flower.engine import FlowerEngine
+
+    return FlowerEngine(job.config, grid, round_timeout_s=float(rc["round-timeout"]),
+                        link_timeout_s=float(rc["link-timeout"]), node_wait_s=float(rc["node-wait"]),
+                        min_nodes=int(rc["min-nodes"]) or None, poll_s=float(rc["poll-interval"]))
+
+
+def _steered(grid: Grid, rc: dict[str, Any]) -> None:
+    """Train the job the service's worker at ``sluice-control`` sends, steered by it."""
+    from multiprocessing.connection import Client
+
+    from sluice.jobs import job_from_dict
+    from sluice.remote import run_steered
+
+    host, _, port = str(rc["sluice-control"]).rpartition(":")
+    conn = Client((host.strip("[]"), int(port)), authkey=bytes.fromhex(str(rc["sluice-key"])))
+    spec = conn.recv()
+    engine = _engine(job_from_dict("hfl", spec["raw"]), grid, rc)
+    run_steered(spec, conn, engine)
+    if engine.link_lost:  # the report went to the service; Flower would retry the lost SuperLink for ever
         sys.stdout.flush()
         os._exit(0)
 

@@ -278,3 +278,10 @@ def run_status(home: Path, run_id: int, connection: str = "sluice", timeout_s: f
         return {}
     runs = doc.get("runs") or []
     return runs[0] if runs else {}
+
+
+def stop_run(home: Path, run_id: int, connection: str = "sluice", timeout_s: float = 60.0) -> None:
+    """``flwr stop`` the run (a run that already ended stays as it is)."""
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        subprocess.run([_bin("flwr"), "stop", str(run_id), connection], capture_output=True, env=flower_env(home),
+                       timeout=timeout_s, check=False)

@@ -55,6 +55,10 @@ from sluice.hfl.server import Server
 from sluice.metrics import MetricSpec
 from sluice.tasks import client_datasets, load_task
 from sluice.tasks.resolve import Federation
+from sluice.wire.state import field, pack, unpack
+
+NODE_DATA = ("on a Flower federation the training data lives on the nodes, which this runtime does not add to, "
+             "limit or count")
 
 
 def flower_object_bytes(msg: Any) -> int:
@@ -94,6 +98,7 @@ class FlowerEngine(ServerModel, Suspendable):
         self._examples: dict[int, int] = {}  # terminal -> training samples its node last reported
         self.refused: dict[int, str] = {}  # node id -> why it cannot serve a terminal of this job
         self._suspended = False
+        self._restored: list[Any] | None = None  # a checkpoint's server side, applied by start()
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -110,6 +115,8 @@ class FlowerEngine(ServerModel, Suspendable):
                              buffers=learner.buffers0 if learner.num_buffers else None)
         self._anchor = self.theta0.copy(), self.server.replayed_velocity()  # what a resync sends as the anchor
         self._rng = np.random.default_rng(cfg.seed)
+        if self._restored is not None:
+            self._apply_restored(*self._restored)
         self._wait_for_nodes()
 
     def stop(self) -> None:
@@ -143,8 +150,42 @@ class FlowerEngine(ServerModel, Suspendable):
             raise ConfigError(f"layers to train must be in 1..{self.num_layers}, got {layers!r}")
         self._trainable = int(layers)
 
+    def check_data(self, data: Any) -> None:
+        raise DataError(f"{NODE_DATA}: add the data on the nodes")
+
     def add_data(self, data: Any) -> None:
-        raise DataError("on Flower the training data lives on the nodes; add it there")
+        self.check_data(data)
+
+    # -- checkpoint ---------------------------------------------------------------------------
+    def checkpoint(self) -> bytes:
+        """The server's side of the federation as bytes: the server's state, the sampling RNG, the anchor a
+        resynchronisation sends and the layers trained. What the nodes hold is not in it: after
+        :meth:`restore` every terminal's next message is a dense resynchronisation."""
+        self.start()
+        params, velocity = self._anchor
+        return pack({"kind": "hfl-flower", "server": self.server.state_bytes(), "rng": self._rng.bit_generator.state,
+                     "anchor": [params, velocity], "trainable_layers": self._trainable})
+
+    def restore(self, buf: bytes) -> None:
+        """Go on from a :meth:`checkpoint` taken under the same configuration (in this or a later Flower run;
+        applied when the engine starts)."""
+        restored = field(unpack(buf), "hfl-flower", "server", "rng", "anchor", "trainable_layers")
+        if self.server is not None:
+            self._apply_restored(*restored)
+        else:
+            self._restored = restored
+
+    def _apply_restored(self, server: bytes, rng: dict[str, Any], anchor: list[Any], trainable: int | None) -> None:
+        self.server = Server.from_state_bytes(self.cfg, server)
+        if self.server.num_clients != self.n:
+            raise ConfigError(f"the checkpoint holds {self.server.num_clients} terminals, this job has {self.n}")
+        self._rng = np.random.default_rng()
+        self._rng.bit_generator.state = rng
+        self._anchor = anchor[0], anchor[1]
+        self._trainable = trainable
+        self._sent.clear()
+        self._pending.clear()
+        self._resync = set(range(self.n))  # what each node holds is unknown: its next message is dense
 
     # -- talking to the SuperLink ------------------------------------------------------------------
     def _call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:

@@ -39,5 +39,7 @@ RUN_CONFIG_DEFAULTS: dict[str, str | int | float] = {
     "node-wait": 120.0,
     "min-nodes": 0,
     "poll-interval": 0.05,
+    "sluice-control": "",
+    "sluice-key": "",
 }
 """Every key of the run configuration with its default (Flower refuses keys its app does not declare)."""

@@ -12,6 +12,10 @@ directory. In a TOML file the keys sit at the top level or under a ``[service]``
     churn = "mypackage.tasks:churn"                # a function returning a sluice.Task, imported here
     [producers.east]                               # a producer that chained requests may use
     url = "https://east.example:8443/ProvMnS/v1920/SubNetwork=SN1/MLTrainingFunction=TF1"
+    [federations.edge]                             # a Flower deployment HFL jobs may train on
+    superlink = "127.0.0.1:9093"
+    root_certificates = "ca.pem"
+    nodes = 3
     [auth]                                         # bearer tokens (sluice.service.auth)
     tokens_file = "tokens.toml"
     [tls]                                          # HTTPS; with client_ca, clients need a certificate it signed
@@ -22,6 +26,10 @@ Tasks: a request's job names its task (``[task] name``, with ``[task.args]``): a
 operator registered under ``[tasks]``. It never gives an import path (``task.factory``): that would let any
 consumer run any code on the producer; the service refuses it (400). Workers import a registered factory,
 so its package must be importable by ``sluice serve`` (installed, or on ``PYTHONPATH``).
+
+Federations: an HFL job with ``federation = "<name>"`` (or ``"default"``: the service's
+``default_federation``) trains on that Flower deployment (:mod:`sluice.flower.relay`); a consumer never gives
+an address. Jobs without one train in the worker's simulator.
 
 Exposure: on a loopback address (``127.0.0.1``, ``::1``, ``localhost``) anything goes. On any other address
 the service needs TLS and a way to tell callers apart (tokens, or client certificates with ``client_ca``);
@@ -36,9 +44,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from sluice.control.producer import ProducerPolicy
+from sluice.flower.relay import FederationConfig
 from sluice.schema import Section
 from sluice.service.auth import AuthConfig
 from sluice.service.chain import ProducerEndpoint
@@ -122,6 +131,20 @@ class ServiceConfig(Section):
         "built-in ones, by name: [tasks] churn = \"package.module:function\" (a function returning a "
         "sluice.Task, imported by this service and its workers: installed or on PYTHONPATH). Requests never "
         "give an import path themselves")
+
+    federations: dict[str, FederationConfig] = Field(
+        default_factory=dict, description="Flower deployments HFL jobs may train on, by name: [federations.edge] "
+        "superlink = \"HOST:9093\", root_certificates = \"ca.pem\", nodes = 3 (a job names one: federation = "
+        "\"edge\")")
+    default_federation: str | None = Field(None, description="the federation of a job that says "
+                                           "federation = \"default\"")
+
+    @model_validator(mode="after")
+    def _default_federation(self) -> ServiceConfig:
+        if self.default_federation is not None and self.default_federation not in self.federations:
+            raise ValueError(f"default_federation {self.default_federation!r} is not one of [federations]: "
+                             f"{', '.join(sorted(self.federations)) or 'none configured'}")
+        return self
 
     @field_validator("subnetwork", "training_function", "model_repository")
     @classmethod

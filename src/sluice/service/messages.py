@@ -9,7 +9,9 @@ import hashlib
 import time
 from typing import Any
 
+from sluice.control.clients import ClientReport
 from sluice.control.params import Cause
+from sluice.control.threegpp import fl_client_dn, fl_report_per_client, participating_fl_clients
 from sluice.metrics import OPERATIONAL_METRICS
 from sluice.service.auth import inherited
 from sluice.service.base import ENDED, ServiceBase, _phase
@@ -68,7 +70,10 @@ class WorkerMessagesMixin(ServiceBase):
                 raw["endpoints"] = {n: self.cfg.producers[n].model_dump() for n in raw.get("producers", [])
                                     if n in self.cfg.producers}
                 raw.update(self.chain_cancels.fields(proc))
+            fed = i.get("federation")
             return {"process": proc.dn, "kind": i["kind"], "raw": raw,
+                    "federation": None if fed is None else {"name": fed, "config": (
+                        self.cfg.federations[fed].model_dump() if fed in self.cfg.federations else None)},
                     "termination": i.get("termination"), "requirements": i.get("requirements"),
                     "uploads": uploads, "progress_interval_s": self.cfg.progress_interval_s,
                     "checkpoint_every": self.cfg.checkpoint_every, "resume": resume,
@@ -176,7 +181,11 @@ class WorkerMessagesMixin(ServiceBase):
         vs_status["state"] = state
         if interim is not None:
             vs_status["detail"] = interim.get("detail", "")
-        self._set_process(tx, proc, attrs={"progressStatus": ps}, vs={"sluice-status": vs_status}, internal=i)
+        attrs: dict[str, Any] = {"progressStatus": ps}
+        if st.get("participating_clients") and proc.internal.get("kind") == "hfl":
+            tf = ldn_to_dn(self.tf)
+            attrs["participatingFLClientRefList"] = [fl_client_dn(c, tf) for c in st["participating_clients"]]
+        self._set_process(tx, proc, attrs=attrs, vs={"sluice-status": vs_status}, internal=i)
 
     def _end_process(self, tx: Tx, proc: MOI, report: dict[str, Any], model_bytes: bytes | None,
                      model_name: str | None, *, refused: bool = False) -> None:
@@ -203,6 +212,9 @@ class WorkerMessagesMixin(ServiceBase):
         ratio = self._train_ratio(proc)
         if ratio is not None:
             rattrs["dataRatioTrainingAndValidation"] = ratio
+        clients = [ClientReport.model_validate(c) for c in report.get("clients") or []]
+        if clients:
+            rattrs["fLReportPerClient"] = fl_report_per_client(clients, ldn_to_dn(self.tf))
         if proc.internal.get("last_report"):
             rattrs["lastTrainingRef"] = proc.internal["last_report"]
         if model_ldn is not None:
@@ -224,6 +236,8 @@ class WorkerMessagesMixin(ServiceBase):
             ps["progressPercentage"] = old_ps["progressPercentage"]
         ps.update({k: old_ps[k] for k in ("startTime",) if k in old_ps}, endTime=now_iso())
         attrs = {"progressStatus": ps, "trainingReportRef": ldn_to_dn(rep_ldn)}
+        if clients:
+            attrs["participatingFLClientRefList"] = participating_fl_clients(clients, ldn_to_dn(self.tf))
         if model_ldn is not None:
             attrs["mLModelRef"] = ldn_to_dn(model_ldn)
         st = dict(proc.vs_data.get("sluice-status") or {})

@@ -59,6 +59,7 @@ class RequestsMixin(ServiceBase):
                                bad_attributes=["VsDataContainer/sluice-job"])
         if kind == "chain":
             self._check_chain(job)
+        federation = self._federation_of(job.pop("federation", None), kind, job)
         req, term, decided = asked.requirements, asked.termination, asked.decided_by
         model = dict(job.get("model") or {})
         name = inference_type(attrs.get("aIMLInferenceName"), model.get("type"))
@@ -84,7 +85,7 @@ class RequestsMixin(ServiceBase):
                 mode="json", exclude_none=True, exclude_defaults=True),
             "termination": None if parsed.termination is None else parsed.termination.model_dump(
                 mode="json", exclude_none=True, exclude_defaults=True),
-            "decided_by": decided,
+            "decided_by": decided, "federation": federation,
         }
         return fit_job(out, attrs, self.prober.of(kind, producer_job(out["raw"], self.cfg.tasks)))
 
@@ -109,6 +110,27 @@ class RequestsMixin(ServiceBase):
             config = parsed.config.model_copy(update={"task": TaskConfig.model_construct(name=name)})
             parsed.model = parsed.model.model_copy(update={"id": ENGINE_KINDS[kind].default_model_id(config)})
         return parsed
+
+    def _federation_of(self, asked: Any, kind: str, job: dict[str, Any]) -> str | None:
+        """The configured federation a job names (``"default"``: the service's default), checked against the
+        job's engine and task; None for a job without one."""
+        if asked is None:
+            return None
+        bad = ["VsDataContainer/sluice-job"]
+        feds = self.cfg.federations
+        name = self.cfg.default_federation if asked == "default" else asked
+        if not isinstance(name, str) or name not in feds:
+            known = ", ".join(sorted(feds)) or "none"
+            raise MnSError(400, f"federation {asked!r} is not one of this producer's federations ({known})"
+                           + ("" if asked != "default" else "; it has no default_federation"), bad_attributes=bad)
+        if kind != "hfl":
+            raise MnSError(400, f"federation {name!r}: only horizontal FL jobs (engine hfl) train on a "
+                           f"federation, this job's engine is {kind}", bad_attributes=bad)
+        task = (job.get("task") or {}).get("name") if isinstance(job.get("task"), dict) else None
+        if feds[name].task is not None and task != feds[name].task:
+            raise MnSError(400, f"federation {name!r}: its nodes serve task {feds[name].task!r}, the job names "
+                           f"{task!r}", bad_attributes=bad)
+        return name
 
     def _check_chain(self, job: dict[str, Any]) -> None:
         """A chained job names producers of this service's configuration and never their endpoints."""
@@ -205,7 +227,7 @@ class RequestsMixin(ServiceBase):
         internal = {"phase": record.phase.value, "request": req.dn, "kind": job["kind"], "raw": job["raw"],
                     "model": model, "trigger": trigger, "termination": termination,
                     "requirements": job["requirements"], "suspended": record.suspended, "queued_at": time.time(),
-                    "last_report": last_report,
+                    "last_report": last_report, "federation": job.get("federation"),
                     **inherited(req.internal)}
         proc = tx.create(ldn, "MLTrainingProcess", attrs, vs, internal)
         ri = dict(req.internal)
