@@ -152,12 +152,15 @@ def _not_started(job: Job, out: Path, home: Path, run_id: int, status: dict[str,
 
 def _await_start(home: Path, run_id: int, opts: FlowerOptions) -> dict[str, Any]:
     """Flower's status of run ``run_id`` once it started, or the last one seen after ``start_timeout_s`` (a read
-    that failed, a ``flwr ls`` slower than its timeout on a busy machine, does not replace it)."""
+    that failed does not replace it). Each read (``flwr ls``) has 60 s, whatever the start timeout: on a busy
+    machine one can take longer than a short start timeout, and the run's status would never be read. The
+    last read begins once the start timeout has passed."""
     end = time.monotonic() + opts.start_timeout_s
     seen: dict[str, Any] = {}
     while True:
-        seen = run_status(home, run_id, timeout_s=max(10.0, min(60.0, opts.start_timeout_s))) or seen
-        if _started(seen) or time.monotonic() >= end:
+        last = time.monotonic() >= end
+        seen = run_status(home, run_id, timeout_s=60.0) or seen
+        if _started(seen) or last:
             return seen
         time.sleep(min(1.0, max(0.0, end - time.monotonic())))
 
