@@ -137,3 +137,14 @@ def test_a_restored_engine_goes_on_from_the_checkpoint_with_every_node_resynchro
     assert ev.metrics["test_accuracy"] == pytest.approx(ahead[2].metrics["test_accuracy"], abs=0.05)
     with pytest.raises(Exception, match="hfl-flower"):
         later.restore(HFLEngine(job.config).checkpoint())
+
+
+def test_data_for_a_flower_run_is_refused_with_the_reason() -> None:
+    """The data loop cannot feed a federation: the nodes hold the data (the service answers the upload with this)."""
+    from sluice.errors import DataError
+    from sluice.flower.engine import FlowerEngine
+
+    engine = FlowerEngine(load_job("hfl", None, TINY).config, grid=None)
+    for call in (engine.check_data, engine.add_data):
+        with pytest.raises(DataError, match="training data lives on the nodes"):
+            call((0, np.zeros((2, 64), np.float32), np.zeros(2, np.int64)))
