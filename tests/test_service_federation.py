@@ -136,6 +136,11 @@ def test_an_unreachable_superlink_refuses_the_request_naming_the_federation(fede
     st = status_of(srv.get(srv.proc_uri(proc["id"])))
     assert proc["attributes"]["progressStatus"]["status"] == "CANCELLED"
     assert "federation 'gone'" in st["detail"] and "cannot be reached" in st["detail"], st
+    body = request_body("R7", JOB, termination={"iterations": 2}, requirements={"min_data_amount": 100})
+    checked(srv.http.put(srv.req("R7"), json=body), 201)  # the nodes hold the data: refused before training
+    srv.wait_status("R7", ("CANCELLED", "FAILED", "FINISHED"), timeout=120)
+    st = status_of(srv.get(srv.proc_uri(srv.process_of("R7")["id"])))
+    assert st["state"] == "CANCELLED" and "requirements.min_data_amount" in st["detail"], st
     for job, why in (({"federation": "nowhere"}, "not one of this producer's federations"),
                      ({"federation": "edge", "engine": "local"}, "only horizontal FL jobs")):
         resp = srv.http.put(srv.req("R4"), json=request_body("R4", {**JOB, **job}, termination={"iterations": 2}))

@@ -5,7 +5,8 @@ The operator names federations in the service configuration (:class:`FederationC
 For a job on one, the service's worker calls :func:`relay` instead of training itself:
 
 1. it checks that the SuperLink answers (TCP and, unless ``insecure``, a TLS handshake verified with the
-   federation's CA); one that does not is a refusal before training, naming the federation;
+   federation's CA); one that does not is a refusal before training, naming the federation; so are
+   requirements on the amount of training data (the nodes hold it);
 2. it listens on ``control_host`` (a free port, an authentication key made for this run) and submits the job
    to the SuperLink with that address and key in the run configuration (``sluice-control``, ``sluice-key``);
 3. the ServerApp (:mod:`sluice.flower.app`) connects back, receives the worker spec (the agreed termination
@@ -44,7 +45,8 @@ from sluice.schema import Section
 class FederationConfig(Section):
     """``[federations.<name>]``: a Flower deployment the management service trains HFL jobs on."""
 
-    superlink: str = Field(description="HOST:PORT of the SuperLink's Control API (flower-superlink's 9093)")
+    superlink: str = Field(description="HOST:PORT of the SuperLink (its --port: the address flwr run and the "
+                           "SuperNodes use)")
     root_certificates: str | None = Field(None, description="PEM CA the SuperLink's certificate is signed by")
     insecure: bool = Field(False, description="the SuperLink runs with --insecure (no TLS)")
     nodes: int = Field(1, ge=1, description="SuperNodes that must answer before training starts")
@@ -127,6 +129,7 @@ def relay(spec: dict[str, Any], conn: Connection) -> None:
     import os
 
     from sluice.flower.deploy import DeploymentError, submit, write_connection
+    from sluice.flower.engine import NODE_DATA
     from sluice.jobs import job_from_dict
 
     name = spec["federation"]["name"]
@@ -135,7 +138,9 @@ def relay(spec: dict[str, Any], conn: Connection) -> None:
                    "service's configuration"})
         return
     fed = FederationConfig.model_validate(spec["federation"]["config"])
-    problem = unreachable(fed)
+    asked = [k for k in ("data_amount", "min_data_amount", "max_data_amount")
+             if (spec.get("requirements") or {}).get(k) is not None]
+    problem = f"requirements.{asked[0]}: {NODE_DATA}" if asked else unreachable(fed)
     if problem is not None:
         conn.send({"kind": "refused", "error": f"federation {name!r}: {problem}"})
         return

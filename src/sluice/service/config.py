@@ -13,7 +13,7 @@ directory. In a TOML file the keys sit at the top level or under a ``[service]``
     [producers.east]                               # a producer that chained requests may use
     url = "https://east.example:8443/ProvMnS/v1920/SubNetwork=SN1/MLTrainingFunction=TF1"
     [federations.edge]                             # a Flower deployment HFL jobs may train on
-    superlink = "127.0.0.1:9093"
+    superlink = "127.0.0.1:9092"
     root_certificates = "ca.pem"
     nodes = 3
     [auth]                                         # bearer tokens (sluice.service.auth)
@@ -134,7 +134,7 @@ class ServiceConfig(Section):
 
     federations: dict[str, FederationConfig] = Field(
         default_factory=dict, description="Flower deployments HFL jobs may train on, by name: [federations.edge] "
-        "superlink = \"HOST:9093\", root_certificates = \"ca.pem\", nodes = 3 (a job names one: federation = "
+        "superlink = \"HOST:9092\", root_certificates = \"ca.pem\", nodes = 3 (a job names one: federation = "
         "\"edge\")")
     default_federation: str | None = Field(None, description="the federation of a job that says "
                                            "federation = \"default\"")
