@@ -24,6 +24,7 @@ from sluice.control import (
     TrainingRequest,
     UnknownProcessError,
 )
+from sluice.control.lifecycle import Phase
 from sluice.engine import IterationEvent
 from sluice.errors import ConfigError, SluiceError, TrainingError
 
@@ -194,3 +195,49 @@ def test_producer_start_refuses_with_the_answer() -> None:
     h.cancel()
     h.process.engine.allow(1)
     assert h.wait(TIMEOUT) is not None
+
+
+# ------------------------------------------------------------------------------------- lifecycle
+def test_a_handle_goes_through_the_lifecycle_of_the_service() -> None:
+    eng = GatedEngine()
+    h = ProcessHandle(TrainingProcess(eng, {"iterations": 2}), "p-1")
+    assert h.phase is Phase.QUEUED and not h.record.suspended
+    h.start()
+    eng.allow(1)
+    _until(lambda: h.iterations == 1, "the first iteration")
+    assert h.phase is Phase.RUNNING
+    eng.allow(1)
+    assert h.wait(TIMEOUT) is not None and h.phase is Phase.ENDED
+    with pytest.raises(ConfigError, match="has ended"):
+        h.suspend()
+    with pytest.raises(ConfigError, match="has ended"):
+        h.resume()
+
+
+def test_a_handle_cancelled_in_the_queue_ends_without_training() -> None:
+    eng = GatedEngine()
+    done: list[ProcessHandle] = []
+    h = ProcessHandle(TrainingProcess(eng, {"iterations": 5}), "p-1", on_done=done.append)
+    h.cancel()
+    report = h.wait(0)
+    assert report is not None and report.cause == Cause.CANCELLED and report.status == ProcessState.CANCELLED
+    assert report.iterations == 0 and "before training started" in report.detail
+    assert h.done() and done == [h] and h.phase is Phase.ENDED and h.state == ProcessState.CANCELLED
+    assert h.request_status == "CANCELLED" and not eng.started
+    with pytest.raises(ConfigError, match="cancelled before it started"):
+        h.start()
+
+
+def test_a_handle_suspended_in_the_queue_starts_when_resumed() -> None:
+    eng = GatedEngine()
+    h = ProcessHandle(TrainingProcess(eng, {"iterations": 1}), "p-1")
+    h.suspend()
+    h.start()
+    assert h.phase is Phase.QUEUED and h.record.suspended and not eng.started
+    with pytest.raises(ConfigError, match="already started"):
+        h.start()
+    h.resume()
+    assert h.phase in (Phase.STARTING, Phase.RUNNING)
+    eng.allow(1)
+    report = h.wait(TIMEOUT)
+    assert report is not None and report.cause == Cause.CRITERION_MET and report.iterations == 1

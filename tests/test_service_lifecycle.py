@@ -1,10 +1,11 @@
-"""The process lifecycle of the management service as pure transitions: no server, database or worker."""
+"""The process lifecycle of the management service and the in-memory producer (sluice.control.lifecycle) as pure
+transitions: no server, database, thread or worker."""
 
 from __future__ import annotations
 
 import pytest
 
-from sluice.service.lifecycle import (
+from sluice.control.lifecycle import (
     Agreed,
     AwaitingData,
     Cancel,
@@ -167,3 +168,11 @@ def test_the_record_reads_and_writes_the_stored_fields() -> None:
         Phase.of({"phase": "paused"})
     with pytest.raises(TypeError):
         transition(r, object())  # type: ignore[arg-type]
+
+
+def test_the_service_uses_the_transitions_of_control():
+    import sluice.control.lifecycle as control
+    import sluice.service.lifecycle as service
+
+    assert service.transition is control.transition and service.Phase is control.Phase
+    assert set(service.__all__) <= set(dir(control))

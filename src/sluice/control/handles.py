@@ -7,6 +7,12 @@ each iteration and each change of state (state, iterations, latest metrics, the 
 process's thread-safe controls, taking effect at the next iteration. :meth:`ProcessHandle.wait` blocks
 until the report exists. A run that raises ends with an ``ENGINE_FAILURE`` report and keeps the error.
 
+The handle's life is the management service's: the transitions of :mod:`sluice.control.lifecycle`
+(:attr:`ProcessHandle.phase`: queued → starting → running → ended), whose effects the handle carries out
+with a thread where the service has a worker. A handle is queued until :meth:`~ProcessHandle.start`; one
+suspended while queued starts when resumed; one cancelled while queued ends ``CANCELLED`` without
+training; a control the phase refuses (suspending an ended process) raises :class:`ConfigError`.
+
 A :class:`ProcessRegistry` holds handles under unique string ids; an unknown id raises
 :class:`UnknownProcessError` naming the ids it has.
 """
@@ -19,6 +25,24 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from sluice.control import threegpp
+from sluice.control.lifecycle import (
+    Cancel,
+    Created,
+    Effect,
+    Ended,
+    EndWith,
+    Event,
+    Iteration,
+    Phase,
+    ProcessRecord,
+    Refused,
+    SendWorker,
+    Started,
+    StartWorker,
+    Suspend,
+    created,
+    transition,
+)
 from sluice.control.params import Cause, ProcessState, Requirements, Termination
 from sluice.control.process import TrainingProcess
 from sluice.control.report import TrainingReport
@@ -27,6 +51,7 @@ from sluice.errors import ConfigError, SluiceError
 
 DoneCallback = Callable[["ProcessHandle"], None]
 _ENDED = (ProcessState.FINISHED, ProcessState.FAILED, ProcessState.CANCELLED)
+_REFUSED = (Cause.INSUFFICIENT_TRAINING_SAMPLES, Cause.INSUFFICIENT_COMPUTE)  # before training, as the service
 
 
 class UnknownProcessError(SluiceError, KeyError):
@@ -65,6 +90,8 @@ class ProcessHandle:
         self._done = threading.Event()
         self._error: BaseException | None = None
         self._report: TrainingReport | None = None
+        self._record = created(Created())
+        self._start_asked = False  # start() while suspended in the queue: it starts when resumed
         self._user_event, self._user_state = process.on_event, process.on_state
         process.on_event, process.on_state = self._on_event, self._on_state
         self._snap: tuple[ProcessState, int, dict[str, float], dict[str, Any]] = self._take()
@@ -72,11 +99,49 @@ class ProcessHandle:
 
     # ----------------------------------------------------------------------------------- lifecycle
     def start(self) -> ProcessHandle:
-        """Start training in the background; return at once."""
-        if self._thread.is_alive() or self._done.is_set():
-            raise ConfigError(f"process {self.id} was already started")
-        self._thread.start()
+        """Start training in the background (a handle suspended while queued: once resumed); return at once."""
+        with self._lock:
+            before = self._record
+            if before.phase is not Phase.QUEUED or self._start_asked:
+                what = "was cancelled before it started" if before.phase is Phase.ENDED and not (
+                    self._thread.is_alive() or self._thread.ident) else "was already started"
+                raise ConfigError(f"process {self.id} {what}")
+            self._start_asked = True
+        self._apply(Started())
         return self
+
+    def _apply(self, event: Event) -> tuple[Effect, ...]:
+        """Carry out the effects of ``event`` on this handle's record; the ones left to the caller
+        (:class:`Refused`)."""
+        with self._lock:
+            before = self._record
+            self._record, effects = transition(before, event)
+        left: list[Effect] = []
+        for effect in effects:
+            if isinstance(effect, StartWorker):
+                self._thread.start()
+            elif isinstance(effect, SendWorker):
+                {"cancel": self.process.cancel, "suspend": self.process.suspend,
+                 "resume": self.process.resume}[effect.cmd]()
+            elif isinstance(effect, EndWith):
+                self._end_unstarted(effect)
+            else:
+                left.append(effect)
+        if isinstance(event, Suspend) and not event.on and self._start_asked and self.phase is Phase.QUEUED:
+            self._apply(Started())  # resumed in the queue after start(): it starts now
+        return tuple(left)
+
+    @property
+    def phase(self) -> Phase:
+        """Where the process is in its life (:class:`~sluice.control.lifecycle.Phase`)."""
+        with self._lock:
+            return self._record.phase
+
+    @property
+    def record(self) -> ProcessRecord:
+        """The lifecycle record: the phase and the ``suspended`` and ``cancelling`` flags."""
+        with self._lock:
+            return self._record
 
     def wait(self, timeout: float | None = None) -> TrainingReport | None:
         """Block until the process ends (at most ``timeout`` seconds); its report, or None on timeout."""
@@ -139,18 +204,22 @@ class ProcessHandle:
         self.process.update(termination, requirements)
 
     def suspend(self) -> None:
-        """Pause after the current iteration until :meth:`resume`."""
-        self._check_running("suspend")
-        self.process.suspend()
+        """Pause after the current iteration until :meth:`resume` (a queued process: do not start it until then)."""
+        self._control(Suspend(True), "suspend")
 
     def resume(self) -> None:
-        self._check_running("resume")
-        self.process.resume()
+        self._control(Suspend(False), "resume")
 
     def cancel(self) -> None:
-        """End after the current iteration with a ``CANCELLED`` report (nothing happens once ended)."""
-        if not self.done():
-            self.process.cancel()
+        """End after the current iteration with a ``CANCELLED`` report; a queued process ends at once, without
+        training; nothing happens once ended."""
+        self._apply(Cancel())
+
+    def _control(self, event: Event, what: str) -> None:
+        for effect in self._apply(event):
+            if isinstance(effect, Refused):
+                self._check_running(what)
+                raise ConfigError(f"process {self.id}: {effect.reason}; it cannot {what}")
 
     def add_data(self, data: Any) -> None:
         """More training data for the engine, taken at the next iteration or while awaiting data."""
@@ -158,7 +227,7 @@ class ProcessHandle:
         self.process.add_data(data)
 
     def _check_running(self, what: str) -> None:
-        if self.done():
+        if self.phase is Phase.ENDED:
             raise ConfigError(f"process {self.id} has ended ({self.state.value}); it cannot {what} any more")
 
     # ----------------------------------------------------------------------------------- training thread
@@ -178,6 +247,8 @@ class ProcessHandle:
 
     def _on_state(self, state: ProcessState, process: TrainingProcess, report: TrainingReport | None) -> None:
         self._refresh()
+        if state not in _ENDED:  # the end is applied once the report is kept
+            self._apply(Iteration(state.value))
         if self._user_state is not None:
             self._user_state(state, process, report)
 
@@ -189,16 +260,26 @@ class ProcessHandle:
         except BaseException as exc:  # noqa: BLE001 - kept for the caller, reported as ENGINE_FAILURE
             error = exc
             report = self._failure(exc)
+        self._finish(report, error)
+
+    def _finish(self, report: TrainingReport, error: BaseException | None) -> None:
         try:
             with self._lock:
                 self._report, self._error = report, error
-                if error is not None:
+                if error is not None or self._record.phase is Phase.QUEUED:
                     status = threegpp.process_monitor(report.status, report.progress_percent, report.cause.value)
                     self._snap = (report.status, report.iterations, self._snap[2], status)
+            self._apply(Ended(refused=report.iterations == 0 and report.cause in _REFUSED))
             if self._on_done is not None:
                 self._on_done(self)
         finally:
             self._done.set()
+
+    def _end_unstarted(self, end: EndWith) -> None:
+        """A process cancelled in the queue: its report, with no training."""
+        p = self.process
+        self._finish(TrainingReport(cause=Cause(end.cause), status=ProcessState(end.status), detail=end.detail,
+                                    model=p.model, iterations=end.iterations), None)
 
     def _failure(self, exc: BaseException) -> TrainingReport:
         p = self.process

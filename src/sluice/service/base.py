@@ -8,8 +8,8 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
+from sluice.control.lifecycle import Phase
 from sluice.service.db import MOI
-from sluice.service.lifecycle import Phase
 
 if TYPE_CHECKING:
     from sluice.service.capabilities import Prober

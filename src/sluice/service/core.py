@@ -19,8 +19,8 @@ in ``AWAITING_AGREEMENT`` until the consumer accepts (``{"accept": true}``) or m
 PATCHing the process). Feedback (``sluice-feedback`` on the request: ``{"metric", "value"}``) and new
 training data on an ended process start a retraining (T7): a new process, the next model version.
 
-Process life (``internal.phase``, :class:`~sluice.service.lifecycle.Phase`): ``proposed`` → ``queued`` →
-``starting`` → ``running`` → ``ended``, as the pure transitions of :mod:`sluice.service.lifecycle`; this
+Process life (``internal.phase``, :class:`~sluice.control.lifecycle.Phase`): ``proposed`` → ``queued`` →
+``starting`` → ``running`` → ``ended``, as the pure transitions of :mod:`sluice.control.lifecycle`; this
 module carries out their effects. The request's ``requestStatus`` follows its latest process: NOT_STARTED
 (proposed, queued, starting), IN_PROGRESS (running or awaiting data), SUSPENDED, CANCELLING (cancel asked,
 not yet ended), FINISHED, CANCELLED (cancelled, or refused before training: feasibility, a job that cannot be

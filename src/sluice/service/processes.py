@@ -1,5 +1,5 @@
 """Processes: the consumer's controls (cancel, suspend/resume, parameters, the answer to a proposal) and a process that
-lost its worker, as the transitions of :mod:`sluice.service.lifecycle`.
+lost its worker, as the transitions of :mod:`sluice.control.lifecycle`.
 
 A part of :class:`sluice.service.core.TrainingService` (whose other parts it uses through ``self``)."""
 
@@ -9,12 +9,7 @@ import time
 from typing import Any
 
 from sluice.config import merge_patch
-from sluice.control.params import parse_requirements, parse_termination
-from sluice.control.report import brief
-from sluice.errors import ConfigError
-from sluice.service.base import _DUMP, ServiceBase, _phase
-from sluice.service.db import MOI, Checkpoint
-from sluice.service.lifecycle import (
+from sluice.control.lifecycle import (
     Agreed,
     Cancel,
     EndWith,
@@ -26,6 +21,11 @@ from sluice.service.lifecycle import (
     Suspend,
     transition,
 )
+from sluice.control.params import parse_requirements, parse_termination
+from sluice.control.report import brief
+from sluice.errors import ConfigError
+from sluice.service.base import _DUMP, ServiceBase, _phase
+from sluice.service.db import MOI, Checkpoint
 from sluice.service.nrm import (
     READ_ONLY,
     MnSError,
@@ -42,7 +42,7 @@ class ProcessesMixin(ServiceBase):
         """A process that lost its worker (``why``: the service stopped, or the worker died) goes back to the
         queue (before anything queued later) to resume from its last checkpoint, or from scratch when it has
         none and its engine trains here; one that can do neither, was being cancelled, or already lost ``limit``
-        workers, ends (FAILED with the reason, or CANCELLED): :class:`~sluice.service.lifecycle.Interrupted`.
+        workers, ends (FAILED with the reason, or CANCELLED): :class:`~sluice.control.lifecycle.Interrupted`.
         Until its worker reports again a resuming process shows ``progressStateInfo`` RESUMING and its request stays
         IN_PROGRESS; iterations it repeats (those after the checkpoint) change nothing the consumer has
         already seen (``internal.resume.seen``)."""
