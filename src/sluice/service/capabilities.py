@@ -35,6 +35,7 @@ from typing import Any
 from sluice.errors import ConfigError
 from sluice.metrics import KNOWN, MetricSpec, canonical
 from sluice.service.nrm import MnSError
+from sluice.service.vsdata import StoredJob
 
 JOB = "VsDataContainer/sluice-job"
 PERF = "performanceRequirements"
@@ -178,7 +179,7 @@ def _known_ranges(termination: Any, requirements: Any, from_3gpp: set[str]) -> l
     return problems
 
 
-def fit_job(job: dict[str, Any], attrs: dict[str, Any], caps: Capabilities | None) -> dict[str, Any]:
+def fit_job(job: StoredJob, attrs: dict[str, Any], caps: Capabilities | None) -> StoredJob:
     """``job`` (the service's parsed job: ``model``, ``requirements``, ``termination``) with its 3GPP metric
     names replaced by the reported ones, after refusing (400) what its engine cannot report."""
     from sluice.control.monitor import check_criteria
@@ -186,7 +187,7 @@ def fit_job(job: dict[str, Any], attrs: dict[str, Any], caps: Capabilities | Non
 
     perf3 = [p["performanceMetric"] for p in attrs.get(PERF) or [] if isinstance(p, dict)]
     problems: list[tuple[str, str]] = []
-    req = dict(job["requirements"] or {})
+    req = dict(job.requirements or {})
     if caps is not None and req.get("performance"):
         renamed = {}
         for name, value in req["performance"].items():
@@ -197,12 +198,12 @@ def fit_job(job: dict[str, Any], attrs: dict[str, Any], caps: Capabilities | Non
         req["performance"] = renamed
     _refuse(problems, caps)
     from_3gpp = {reported_name(n, caps) or n for n in perf3} if caps is not None else set(perf3)
-    termination = parse_termination(job["termination"]) if job["termination"] else Termination()
+    termination = parse_termination(job.termination) if job.termination else Termination()
     requirements = parse_requirements(req) if req else None
-    model = parse_model(job["model"])
+    model = parse_model(job.model)
     if caps is None:
         _refuse(_known_ranges(termination, requirements, from_3gpp), None)
-        return {**job, "requirements": req or job["requirements"]}
+        return job.model_copy(update={"requirements": req or job.requirements})
     type_at = NAME if attrs.get(NAME) else JOB
     if model.type is not None and caps.model_type is not None and model.type != caps.model_type:
         problems.append((type_at, f"model type {model.type} is not what this job trains ({caps.model_type})"))
@@ -213,25 +214,26 @@ def fit_job(job: dict[str, Any], attrs: dict[str, Any], caps: Capabilities | Non
         for line in str(exc).split("\n  ")[1:]:
             problems.append((_where(line, from_3gpp), line.split("; " + caps.reporter)[0]))
     _refuse(problems, caps)
-    return {**job, "requirements": req or job["requirements"], "reports": caps.to_json(), "type_at": type_at}
+    return job.model_copy(update={"requirements": req or job.requirements, "reports": caps.to_json(),
+                                  "type_at": type_at})
 
 
-def fit_proposal(termination: dict[str, Any], job: dict[str, Any]) -> None:
+def fit_proposal(termination: dict[str, Any], job: StoredJob) -> None:
     """Refuse (400) termination parameters the producer proposed for ``job`` that its engine cannot honour."""
     from sluice.control.monitor import check_criteria
     from sluice.control.params import parse_model, parse_requirements, parse_termination
 
-    caps = Capabilities.from_json(job.get("reports"))
+    caps = Capabilities.from_json(job.reports)
     if caps is None:
         return
     try:
-        check_criteria(parse_termination(termination), parse_requirements(job["requirements"]) if job[
-            "requirements"] else None, parse_model(job["model"]), caps.metrics, counts_bytes=caps.counts_bytes,
+        check_criteria(parse_termination(termination), parse_requirements(job.requirements) if job.requirements
+                       else None, parse_model(job.model), caps.metrics, counts_bytes=caps.counts_bytes,
                        reporter=caps.reporter)
     except ConfigError as exc:
         lines = [line.split("; " + caps.reporter)[0] for line in str(exc).split("\n  ")[1:]]
-        mtype = job["model"].get("type")
-        _refuse([(job.get("type_at", JOB), f"model type {mtype} is judged by its training error, and {line}")
+        mtype = job.model.get("type")
+        _refuse([(job.type_at or JOB, f"model type {mtype} is judged by its training error, and {line}")
                  if mtype and line.startswith("termination.training_error") else
                  ("VsDataContainer/sluice-negotiation", f"the producer's policy proposes {line}")
                  for line in lines], caps)

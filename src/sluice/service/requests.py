@@ -37,12 +37,12 @@ from sluice.service.nrm import (
 from sluice.service.store import Tx
 from sluice.service.tasks import check_args, producer_job, producer_task
 from sluice.service.validate import config_error as _config_error
-from sluice.service.vsdata import request_vs
+from sluice.service.vsdata import StoredJob, request_vs
 
 
 class RequestsMixin(ServiceBase):
     # ------------------------------------------------------------------ requests: create / replace
-    def _job_from(self, attrs: dict[str, Any], vs: dict[str, Any], rid: str) -> dict[str, Any]:
+    def _job_from(self, attrs: dict[str, Any], vs: dict[str, Any], rid: str) -> StoredJob:
         """The job a request asks for, validated without building an engine: ``kind``, ``raw`` (engine
         configuration + model identity), ``model``, ``requirements``, ``termination``, ``decided_by``."""
         from sluice.jobs import ENGINE_KINDS
@@ -78,16 +78,15 @@ class RequestsMixin(ServiceBase):
             if name and "model.type" in exc.reason:
                 exc.bad_attributes = [*exc.bad_attributes, "aIMLInferenceName"]
             raise
-        out = {
-            "kind": kind, "raw": {k: v for k, v in doc.items() if k not in ("requirements", "termination")},
-            "model": request_model(parsed.model.model_dump(mode="json"), model, rid),
-            "requirements": None if parsed.requirements is None else parsed.requirements.model_dump(
+        out = StoredJob(
+            kind=kind, raw={k: v for k, v in doc.items() if k not in ("requirements", "termination")},
+            model=request_model(parsed.model.model_dump(mode="json"), model, rid),
+            requirements=None if parsed.requirements is None else parsed.requirements.model_dump(
                 mode="json", exclude_none=True, exclude_defaults=True),
-            "termination": None if parsed.termination is None else parsed.termination.model_dump(
+            termination=None if parsed.termination is None else parsed.termination.model_dump(
                 mode="json", exclude_none=True, exclude_defaults=True),
-            "decided_by": decided, "federation": federation,
-        }
-        return fit_job(out, attrs, self.prober.of(kind, producer_job(out["raw"], self.cfg.tasks)))
+            decided_by=decided, federation=federation)
+        return fit_job(out, attrs, self.prober.of(kind, producer_job(out.raw, self.cfg.tasks)))
 
     def _parse_job(self, kind: str, doc: dict[str, Any]) -> Any:
         """``doc`` validated as this producer trains it: the task it names is a built-in or a registered one
@@ -181,7 +180,7 @@ class RequestsMixin(ServiceBase):
         with self.store.write() as tx:
             if tx.get(ldn) is not None:
                 raise MnSError(409, f"{ldn_to_dn(ldn)} exists")
-            req = tx.create(ldn, "MLTrainingRequest", attrs, vs, {"processes": [], "job": job, **tag(actor)})
+            req = tx.create(ldn, "MLTrainingRequest", attrs, vs, {"processes": [], "job": job.stored(), **tag(actor)})
             proc = self._new_process(tx, req, job, trigger="CONSUMER_REQUEST", suspended=attrs["suspendRequest"])
             if attrs["cancelRequest"]:
                 self._cancel_pending(tx, proc)
@@ -189,7 +188,7 @@ class RequestsMixin(ServiceBase):
         self.supervisor.wake()
         return self.get(ldn)
 
-    def _new_process(self, tx: Tx, req: MOI, job: dict[str, Any], *, trigger: str, suspended: bool = False,
+    def _new_process(self, tx: Tx, req: MOI, job: StoredJob, *, trigger: str, suspended: bool = False,
                      model: dict[str, Any] | None = None, last_report: str | None = None) -> MOI:
         n = len(req.internal.get("processes", [])) + 1
         pid = safe_id(f"{id_of(req.dn)}-{n}")
@@ -197,19 +196,17 @@ class RequestsMixin(ServiceBase):
             n += 1
             pid = safe_id(f"{id_of(req.dn)}-{n}")
         ldn = f"{self.tf}/MLTrainingProcess={pid}"
-        model = model or job["model"]
-        decided = job["decided_by"]
-        if trigger != "CONSUMER_REQUEST":
-            decided = "agreed"
-        neg: dict[str, Any] = {"decidedBy": job["decided_by"], "state": "AGREED"}
-        termination = job["termination"]
+        model = model or job.model
+        decided = job.decided_by if trigger == "CONSUMER_REQUEST" else "agreed"
+        neg: dict[str, Any] = {"decidedBy": job.decided_by, "state": "AGREED"}
+        termination = job.termination
         if decided in ("producer", "negotiated"):
             termination, rationale = self._propose(job)
             neg["proposal"] = termination
             neg["rationale"] = rationale
             if decided == "negotiated":
                 neg["state"] = "PROPOSED"
-        record = created(Created(negotiated=neg["state"] == "PROPOSED", suspended=bool(suspended), kind=job["kind"]))
+        record = created(Created(negotiated=neg["state"] == "PROPOSED", suspended=bool(suspended), kind=job.kind))
         status = {"status": "NOT_STARTED", "progressPercentage": 0,
                   "progressStateInfo": "AWAITING_AGREEMENT" if record.phase is Phase.PROPOSED else "QUEUED",
                   "resultStateInfo": ""}
@@ -222,12 +219,12 @@ class RequestsMixin(ServiceBase):
         vs = {"sluice-negotiation": neg, "sluice-status": {"state": status["status"], "iterations": 0}}
         if termination is not None:
             vs["sluice-termination"] = termination
-        if job["requirements"]:
-            vs["sluice-requirements"] = job["requirements"]
-        internal = {"phase": record.phase.value, "request": req.dn, "kind": job["kind"], "raw": job["raw"],
+        if job.requirements:
+            vs["sluice-requirements"] = job.requirements
+        internal = {"phase": record.phase.value, "request": req.dn, "kind": job.kind, "raw": job.raw,
                     "model": model, "trigger": trigger, "termination": termination,
-                    "requirements": job["requirements"], "suspended": record.suspended, "queued_at": time.time(),
-                    "last_report": last_report, "federation": job.get("federation"),
+                    "requirements": job.requirements, "suspended": record.suspended, "queued_at": time.time(),
+                    "last_report": last_report, "federation": job.federation,
                     **inherited(req.internal)}
         proc = tx.create(ldn, "MLTrainingProcess", attrs, vs, internal)
         ri = dict(req.internal)
@@ -278,7 +275,8 @@ class RequestsMixin(ServiceBase):
         job_attrs = ("performanceRequirements", "aIMLInferenceName")
         job_changed = any(vs.get(k) != old_vs.get(k) for k in job_keys) or any(
             attrs.get(k) != old_attrs.get(k) for k in job_attrs)
-        new_job = self._job_from(attrs, vs, id_of(ldn)) if job_changed else req.internal["job"]
+        old_job = StoredJob.of(req.internal["job"])
+        new_job = self._job_from(attrs, vs, id_of(ldn)) if job_changed else old_job
         cancel = attrs["cancelRequest"] and not old_attrs.get("cancelRequest", False)
         suspend_change = attrs["suspendRequest"] != old_attrs.get("suspendRequest", False)
         if cancel and ended and proc.attributes["progressStatus"]["status"] != "CANCELLED":
@@ -288,7 +286,7 @@ class RequestsMixin(ServiceBase):
             raise MnSError(409, f"the request has ended ({req.attributes.get('requestStatus')}); it cannot be "
                            "suspended or resumed", bad_attributes=["suspendRequest"])
         if job_changed and not ended and _phase(proc).active:
-            self._update_running(proc, req.internal["job"], new_job)
+            self._update_running(proc, old_job, new_job)
         # write the request, then act on the process
         with self.store.write() as tx:
             cur = tx.get(ldn)
@@ -297,7 +295,7 @@ class RequestsMixin(ServiceBase):
             new_attrs["requestStatus"] = cur.attributes.get("requestStatus", "NOT_STARTED")
             tx.update(cur, attributes=new_attrs, vs_data={**vs, **({"sluice-trigger": cur.vs_data["sluice-trigger"]}
                                                                    if "sluice-trigger" in cur.vs_data else {})},
-                      internal={**cur.internal, "job": new_job})
+                      internal={**cur.internal, "job": new_job.stored()})
             p = tx.get(proc.dn)
             assert p is not None
             if job_changed and _phase(p).pending:
@@ -305,13 +303,13 @@ class RequestsMixin(ServiceBase):
                 p = tx.get(proc.dn)
                 assert p is not None
             elif job_changed and _phase(p).active:
+                term = new_job.termination
                 self._set_process(tx, p, vs={k: v for k, v in (
-                    ("sluice-termination", new_job["termination"]), ("sluice-requirements", new_job["requirements"]))
-                    if v is not None}, attrs={"terminationConditions": brief(parse_termination(
-                        new_job["termination"])) if new_job["termination"] else p.attributes.get(
-                        "terminationConditions", "")}, internal={"termination": new_job["termination"] or
-                                                                 p.internal.get("termination"),
-                                                                 "requirements": new_job["requirements"]})
+                    ("sluice-termination", term), ("sluice-requirements", new_job.requirements)) if v is not None},
+                    attrs={"terminationConditions": brief(parse_termination(term)) if term else p.attributes.get(
+                        "terminationConditions", "")},
+                    internal={"termination": term or p.internal.get("termination"),
+                              "requirements": new_job.requirements})
         if suspend_change:
             self._suspend(proc.dn, attrs["suspendRequest"])
         if cancel:
@@ -341,32 +339,33 @@ class RequestsMixin(ServiceBase):
                 vs[k] = merge_patch(old_vs.get(k), v) if isinstance(v, dict) else v
         return old_attrs, old_vs, attrs, vs
 
-    def _update_running(self, proc: MOI, old_job: dict[str, Any], new_job: dict[str, Any]) -> None:
+    def _update_running(self, proc: MOI, old_job: StoredJob, new_job: StoredJob) -> None:
         """A request changed while its process trains: its worker takes the new requirements and termination
-        parameters at the next iteration; the engine, its configuration and the negotiation mode stay (409)."""
-        if (new_job["kind"], new_job["raw"], new_job["decided_by"]) != (
-                old_job["kind"], old_job["raw"], old_job["decided_by"]):
-            raise MnSError(409, "the engine, its configuration or the negotiation mode cannot change while "
-                           "the request trains; cancel it and create a new one",
+        parameters at the next iteration; the engine, its configuration, the federation and the negotiation mode
+        stay (409)."""
+        fixed = ("kind", "raw", "decided_by", "federation")
+        if [getattr(new_job, k) for k in fixed] != [getattr(old_job, k) for k in fixed]:
+            raise MnSError(409, "the engine, its configuration, its federation or the negotiation mode cannot "
+                           "change while the request trains; cancel it and create a new one",
                            bad_attributes=["VsDataContainer/sluice-job"])
         upd: dict[str, Any] = {"cmd": "update"}
-        if new_job["requirements"] != old_job["requirements"]:
-            upd["requirements"] = new_job["requirements"] or {}
-        if new_job["termination"] != old_job["termination"] and new_job["termination"] is not None:
-            upd["termination"] = new_job["termination"]
+        if new_job.requirements != old_job.requirements:
+            upd["requirements"] = new_job.requirements or {}
+        if new_job.termination != old_job.termination and new_job.termination is not None:
+            upd["termination"] = new_job.termination
             upd["replace"] = True
         if len(upd) > 1:
             self._call(proc, upd, "VsDataContainer/sluice-termination")
 
-    def _requeue_with(self, tx: Tx, req: MOI, proc: MOI, job: dict[str, Any]) -> None:
+    def _requeue_with(self, tx: Tx, req: MOI, proc: MOI, job: StoredJob) -> None:
         """A request changed before its process started: the process takes the new job (and a new proposal
         when the producer decides)."""
-        neg = {"decidedBy": job["decided_by"], "state": "AGREED"}
-        termination = job["termination"]
-        if job["decided_by"] in ("producer", "negotiated"):
+        neg = {"decidedBy": job.decided_by, "state": "AGREED"}
+        termination = job.termination
+        if job.decided_by in ("producer", "negotiated"):
             termination, rationale = self._propose(job)
             neg.update(proposal=termination, rationale=rationale)
-            if job["decided_by"] == "negotiated":
+            if job.decided_by == "negotiated":
                 neg["state"] = "PROPOSED"
         phase = Phase.PROPOSED if neg["state"] == "PROPOSED" else Phase.QUEUED
         status = dict(proc.attributes["progressStatus"])
@@ -375,15 +374,15 @@ class RequestsMixin(ServiceBase):
         vs = {"sluice-negotiation": neg}
         if termination is not None:
             vs["sluice-termination"] = termination
-        if job["requirements"]:
-            vs["sluice-requirements"] = job["requirements"]
+        if job.requirements:
+            vs["sluice-requirements"] = job.requirements
         v = {k: x for k, x in proc.vs_data.items() if k not in ("sluice-termination", "sluice-requirements")}
         v.update(vs)
         a = dict(proc.attributes)
         a.update(progressStatus=status,
                  terminationConditions=brief(parse_termination(termination)) if termination else "")
         i = dict(proc.internal)
-        i.update(phase=phase.value, kind=job["kind"], raw=job["raw"], model=job["model"], termination=termination,
-                 requirements=job["requirements"])
+        i.update(phase=phase.value, kind=job.kind, raw=job.raw, model=job.model, termination=termination,
+                 requirements=job.requirements, federation=job.federation)
         tx.update(proc, attributes=a, vs_data=v, internal=i)
         self._sync_request(tx, proc)

@@ -24,6 +24,7 @@ from sluice.service.nrm import (
 from sluice.service.store import Tx
 from sluice.service.validate import check_data
 from sluice.service.validate import finite as _finite
+from sluice.service.vsdata import StoredJob
 from sluice.service.vsdata import feedback as read_feedback
 
 
@@ -54,7 +55,7 @@ class RetrainingMixin(ServiceBase):
                     continue
         return hist
 
-    def _propose(self, job: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    def _propose(self, job: StoredJob) -> tuple[dict[str, Any], list[str]]:
         from sluice.control.history import job_shape
         from sluice.control.params import parse_model
         from sluice.control.producer import Producer
@@ -64,10 +65,10 @@ class RetrainingMixin(ServiceBase):
 
         with self._policy_lock:
             producer = Producer(self.cfg.training_function, no_engine, self.cfg.policy, self._history())
-            req = parse_requirements(job["requirements"]) if job["requirements"] else None
+            req = parse_requirements(job.requirements) if job.requirements else None
             try:
-                prop = producer.propose(parse_model(job["model"]), req,
-                                    shape=job_shape(job["kind"], job["raw"], job["requirements"]))
+                prop = producer.propose(parse_model(job.model), req,
+                                        shape=job_shape(job.kind, job.raw, job.requirements))
             except ConfigError as exc:  # a metric of the engine's own that the policy cannot judge
                 raise MnSError(400, f"the producer cannot propose parameters for this request: {exc}; send them "
                                "(decidedBy consumer)", bad_attributes=["VsDataContainer/sluice-negotiation"]) from exc
@@ -172,10 +173,10 @@ class RetrainingMixin(ServiceBase):
                 assert target is not None
                 self._store_upload(tx, target, upload[1])
             model = parse_model(last.internal["model"]).next_version().model_dump(mode="json")
-            job = dict(req.internal["job"])
-            job["termination"] = last.internal.get("termination")
-            job["requirements"] = last.internal.get("requirements")
-            job["decided_by"] = "consumer" if job["termination"] is not None else "producer"
+            termination = last.internal.get("termination")
+            job = StoredJob.of(req.internal["job"]).model_copy(update={
+                "termination": termination, "requirements": last.internal.get("requirements"),
+                "decided_by": "consumer" if termination is not None else "producer"})
             proc = self._new_process(tx, req, job, trigger=trigger, model=model,
                                      last_report=last.attributes.get("trainingReportRef"))
             tx.update(req, vs_data={**req.vs_data, "sluice-trigger": {

@@ -5,7 +5,8 @@ job parser), ``sluice-requirements`` and ``sluice-termination`` (objects: checke
 :func:`~sluice.control.params.parse_requirements` / ``parse_termination``), ``sluice-negotiation``
 (:class:`Negotiation`) and ``sluice-feedback`` (:class:`Feedback`); its 3GPP ``performanceRequirements`` are
 :class:`PerformanceRequirement`. A shape that does not fit is a 400 naming the container, with the message
-consumers have always had.
+consumers have always had. The job the service makes of them is a :class:`StoredJob`, kept with the request
+and read back typed.
 """
 
 from __future__ import annotations
@@ -84,6 +85,30 @@ class RequestVs(BaseModel):
     requirements: dict[str, Any]
     termination: dict[str, Any] | None
     decided_by: DecidedBy
+
+
+class StoredJob(BaseModel):
+    """A request's job as the service validated it (stored with the request as JSON, read back with
+    :meth:`of`): the engine kind, its configuration and model identity, the parsed requirements and termination
+    parameters, who decides them, the federation it trains on, and what its engine reports."""
+
+    model_config = ConfigDict(extra="ignore")
+    kind: str
+    raw: dict[str, Any]
+    model: dict[str, Any]
+    requirements: dict[str, Any] | None = None
+    termination: dict[str, Any] | None = None
+    decided_by: DecidedBy
+    federation: str | None = None
+    reports: dict[str, Any] | None = None  # the engine's capabilities (sluice.service.capabilities)
+    type_at: str | None = None  # where the request named the model type
+
+    @classmethod
+    def of(cls, stored: dict[str, Any]) -> StoredJob:
+        return cls.model_validate(stored)
+
+    def stored(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
 
 
 def _object(vs: dict[str, Any], key: str, message: str) -> dict[str, Any] | None:
