@@ -151,6 +151,9 @@ def test_a_superlink_lost_mid_run_ends_the_process_with_engine_failure(federatio
     dep, srv = federation
     create(srv, "R5", 50)
     srv.wait_for(srv.proc_uri(srv.process_of("R5")["id"]), lambda p: status_of(p).get("iterations", 0) >= 1, 300)
+    moved = request_body("R5", {**JOB, "federation": "gone"}, termination={"iterations": 50})
+    resp = srv.http.put(srv.req("R5"), json=moved)  # a training request stays on its federation
+    assert resp.status_code == 409 and "federation" in resp.text, resp.text
     dep.kill_superlink()
     srv.wait_status("R5", ("FAILED", "FINISHED", "CANCELLED"), timeout=200)
     proc = srv.process_of("R5")
