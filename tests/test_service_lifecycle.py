@@ -168,11 +168,3 @@ def test_the_record_reads_and_writes_the_stored_fields() -> None:
         Phase.of({"phase": "paused"})
     with pytest.raises(TypeError):
         transition(r, object())  # type: ignore[arg-type]
-
-
-def test_the_service_uses_the_transitions_of_control():
-    import sluice.control.lifecycle as control
-    import sluice.service.lifecycle as service
-
-    assert service.transition is control.transition and service.Phase is control.Phase
-    assert set(service.__all__) <= set(dir(control))

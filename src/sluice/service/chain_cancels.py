@@ -26,8 +26,8 @@ import threading
 import time
 from typing import Any
 
+from sluice.control.lifecycle import Phase
 from sluice.errors import SluiceError
-from sluice.service.lifecycle import Phase
 
 log = logging.getLogger(__name__)
 

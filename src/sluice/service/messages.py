@@ -10,14 +10,7 @@ import time
 from typing import Any
 
 from sluice.control.clients import ClientReport
-from sluice.control.params import Cause
-from sluice.control.threegpp import fl_client_dn, fl_report_per_client, participating_fl_clients
-from sluice.metrics import OPERATIONAL_METRICS
-from sluice.service.auth import inherited
-from sluice.service.base import ENDED, ServiceBase, _phase
-from sluice.service.db import MOI, Artifact, Checkpoint, Upload
-from sluice.service.identity import stored_identity
-from sluice.service.lifecycle import (
+from sluice.control.lifecycle import (
     Checkpointed,
     Ended,
     Iteration,
@@ -26,6 +19,13 @@ from sluice.service.lifecycle import (
     Started,
     transition,
 )
+from sluice.control.params import Cause
+from sluice.control.threegpp import fl_client_dn, fl_report_per_client, participating_fl_clients
+from sluice.metrics import OPERATIONAL_METRICS
+from sluice.service.auth import inherited
+from sluice.service.base import ENDED, ServiceBase, _phase
+from sluice.service.db import MOI, Artifact, Checkpoint, Upload
+from sluice.service.identity import stored_identity
 from sluice.service.nrm import (
     id_of,
     ldn_to_dn,

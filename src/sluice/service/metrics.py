@@ -34,8 +34,8 @@ import sqlalchemy as sa
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from sluice.control.lifecycle import Phase
 from sluice.service.db import MOI, Notification
-from sluice.service.lifecycle import Phase
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 PHASES = tuple(p.value for p in Phase)

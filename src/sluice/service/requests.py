@@ -9,6 +9,13 @@ import uuid
 from typing import Any
 
 from sluice.config import merge_patch
+from sluice.control.lifecycle import (
+    Created,
+    Phase,
+    ProcessRecord,
+    created,
+    request_status,
+)
 from sluice.control.params import parse_termination
 from sluice.control.report import brief
 from sluice.errors import SluiceError
@@ -17,13 +24,6 @@ from sluice.service.base import ServiceBase, _phase
 from sluice.service.capabilities import fit_job, inference_type
 from sluice.service.db import MOI
 from sluice.service.identity import request_model
-from sluice.service.lifecycle import (
-    Created,
-    Phase,
-    ProcessRecord,
-    created,
-    request_status,
-)
 from sluice.service.nrm import (
     READ_ONLY,
     WRITABLE,

@@ -7,14 +7,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from sluice.control.lifecycle import (
+    Phase,
+)
 from sluice.control.params import parse_requirements
 from sluice.errors import ConfigError
 from sluice.service.base import _DUMP, ServiceBase, _phase
 from sluice.service.capabilities import fit_proposal
 from sluice.service.db import MOI, Upload
-from sluice.service.lifecycle import (
-    Phase,
-)
 from sluice.service.nrm import (
     MnSError,
     id_of,
