@@ -62,6 +62,10 @@ def _main(args: argparse.Namespace) -> int:
     if cfg.port == 0:
         cfg = cfg.model_copy(update={"port": free_port(cfg.host)})
 
+    if cfg.worker_start == "forkserver":  # the workers' torch loads there while the web server loads here
+        from sluice.service.worker import warm_forkserver
+
+        warm_forkserver()
     import uvicorn
 
     from sluice.service.app import create_app

@@ -36,6 +36,14 @@ PRELOAD = ["torch", "numpy", "sklearn.datasets", "sklearn.model_selection", "slu
            "sluice.local.config", "sluice.hfl.engine", "sluice.service.capabilities"]
 
 
+def warm_forkserver() -> None:
+    """Start the workers' forkserver, with :data:`PRELOAD` imported, in the background (at most once)."""
+    from multiprocessing import forkserver
+
+    multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
+    threading.Thread(target=forkserver.ensure_running, name="sluice-forkserver", daemon=True).start()
+
+
 def worker_main(spec: dict[str, Any], conn: Connection) -> None:
     """Run the training process of ``spec`` in this worker, or on its Flower federation when it names one."""
     if spec.get("federation") is not None:
@@ -108,9 +116,7 @@ class Supervisor:
 
     def start(self) -> Supervisor:
         if self.start_method == "forkserver":  # load the preloaded modules now, not on the first request
-            from multiprocessing import forkserver
-
-            threading.Thread(target=forkserver.ensure_running, name="sluice-forkserver", daemon=True).start()
+            warm_forkserver()
         self._thread.start()
         return self
 
