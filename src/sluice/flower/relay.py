@@ -113,6 +113,21 @@ def _accept(listener: Listener, out: list[Connection], ready: threading.Event) -
     ready.set()
 
 
+def _hang_up(app: Connection) -> None:
+    """End the ServerApp's connection now: the ServerApp sees it end (and cancels), and a thread blocked reading
+    it wakes (closing the descriptor alone would do neither while that read is blocked)."""
+    try:
+        sock = socket.socket(fileno=app.fileno())
+    except OSError:
+        return  # already closed
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        sock.detach()
+
+
 def _pass_on(src: Connection, dst: Connection, on_end: Any) -> None:
     """Every message of ``src`` to ``dst`` until either closes; then ``on_end()``."""
     try:
@@ -201,7 +216,8 @@ def _await_app(listener: Listener, fed: FederationConfig, home: Path, run_id: in
 
 def _serve(conn: Connection, app: Connection, fed: FederationConfig, name: str, run_id: int) -> None:
     """Relay both ways until the ServerApp is done; a ServerApp gone without its last word fails the process."""
-    threading.Thread(target=_pass_on, args=(conn, app, app.close), daemon=True, name="sluice-relay-commands").start()
+    threading.Thread(target=_pass_on, args=(conn, app, lambda: _hang_up(app)), daemon=True,
+                     name="sluice-relay-commands").start()
     last: dict[str, Any] = {}
     try:
         while True:
