@@ -210,10 +210,11 @@ def test_engine_ends_the_follower_processes_it_started(tmp_path, fail):
         engine.stop()
     assert all(p.poll() is not None for p in procs)
     logs = [(tmp_path / f"follower-{i}.log").read_text() for i in (1, 2)]
+    codes = [p.returncode for p in procs]
     if fail:
-        assert all("leader broke" in log for log in logs), logs
+        assert all("leader broke" in log for log in logs), (codes, logs)
     else:
-        assert all(p.returncode == 0 for p in procs) and all("trained 1 steps" in log for log in logs)
+        assert codes == [0, 0] and all("trained 1 steps" in log for log in logs), (codes, logs)
 
 
 def test_follower_reports_a_vanished_leader(tmp_path):

@@ -95,11 +95,62 @@ def _leave_sigint_to_the_leader() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+class _CpuWatch:
+    """Whether a process is still on its way: since the watch began, it has run less than ``cpu_s`` seconds of
+    CPU (counted from its start with ``from_start``), and it ran at some point in the last ``idle_s`` seconds.
+    Starting and ending cost a process a few CPU seconds (importing, then tearing down, Python, torch and the
+    task's modules) whatever the machine's load, while their wall time grows with the processes it shares the
+    cores with; a process that does not run at all is waiting for something, or stuck."""
+
+    def __init__(self, pid: int, cpu_s: float, idle_s: float, from_start: bool = False) -> None:
+        import psutil
+
+        self.cpu_s, self.idle_s = cpu_s, idle_s
+        self.proc: psutil.Process | None = None
+        self.base = self.used = 0.0
+        self.ran_at = time.monotonic()
+        try:
+            self.proc = psutil.Process(pid)
+            self.base = 0.0 if from_start else self._cpu()
+        except psutil.Error:  # it ended already: its exit status says why
+            self.proc = None
+        self.used = self.base
+
+    def _cpu(self) -> float:
+        assert self.proc is not None
+        t = self.proc.cpu_times()
+        return t.user + t.system
+
+    def stuck(self) -> str:
+        """Why the process is not on its way ("" while it is, or once it has ended)."""
+        import psutil
+
+        if self.proc is None:
+            return ""
+        try:
+            used = self._cpu()
+        except psutil.Error:
+            return ""
+        if used > self.used:
+            self.used, self.ran_at = used, time.monotonic()
+        if self.used - self.base > self.cpu_s:
+            return f"after {self.used - self.base:.0f} s of CPU time"
+        if time.monotonic() - self.ran_at > self.idle_s:
+            return f"and ran no CPU time for {self.idle_s:g} s"
+        return ""
+
+
 class FollowerProcesses:
     """One ``sluice split party --role follower`` process per follower, listening on
     ``transport.listen``; each gets the resolved config as ``party.toml`` in ``workdir`` and logs to
     ``follower-N.log`` there. They stay in this process's group but leave SIGINT (Ctrl-C) to it; they die
-    with this process on Linux, and :meth:`stop` ends every one."""
+    with this process on Linux, and :meth:`stop` ends every one.
+
+    A follower that has not started listening after ``transport.connect_timeout_s`` + 30 s of its own CPU
+    time, or that ran no CPU time for that long, is an error: its start is timed in the CPU time it used, not
+    in wall time, which a machine busy with other processes stretches without bound (so the followers wait for
+    the leader to connect as long as ``--accept-timeout`` says by default: the leader connects once every one
+    of them listens)."""
 
     def __init__(self, cfg: SplitConfig, names: list[str], workdir: Path) -> None:
         import tomli_w
@@ -123,21 +174,22 @@ class FollowerProcesses:
                 cmd = [
                     sys.executable, "-m", "sluice", "split", "party", "--role", "follower",
                     "--listen", cfg.transport.listen, "--name", name, "--ready-file", str(rf),
-                    "--parent-pid", str(os.getpid()), "--accept-timeout", str(wait), str(cfg_path),
+                    "--parent-pid", str(os.getpid()), str(cfg_path),
                 ]  # fmt: skip
                 env = dict(os.environ)
                 env.setdefault("OMP_NUM_THREADS", "1")
                 self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                                    preexec_fn=_leave_sigint_to_the_leader))
                 ready.append(rf)
-            deadline = time.monotonic() + wait
             for p, rf, name in zip(self.procs, ready, names, strict=True):
+                watch = _CpuWatch(p.pid, wait, wait, from_start=True)
                 while not rf.exists():
                     if p.poll() is not None:
                         tail = (workdir / f"{name}.log").read_text()[-2000:]
                         raise TransportError(f"{name} exited with status {p.returncode} before listening:\n{tail}")
-                    if time.monotonic() > deadline:
-                        raise TransportError(f"{name} did not start listening within {wait:g} s")
+                    why = watch.stuck()
+                    if why:
+                        raise TransportError(f"{name} did not start listening {why}")
                     time.sleep(0.05)
                 self.addresses.append(rf.read_text().strip())
         except BaseException:
@@ -145,13 +197,17 @@ class FollowerProcesses:
             raise
 
     def stop(self, grace_s: float = 10.0) -> None:
-        """Wait up to ``grace_s`` for the processes to end by themselves, then terminate (and kill) the rest."""
-        end = time.monotonic() + grace_s
-        for p in self.procs:
-            try:
-                p.wait(timeout=max(0.0, end - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
+        """Let the processes end by themselves while each is on its way (it ran within the last ``grace_s``
+        seconds, and for less than ``grace_s`` seconds of CPU time since ``stop`` began), then terminate (and
+        kill) the rest. A follower that said goodbye still tears its interpreter down (about a second of CPU),
+        which takes many times longer on a busy machine; one left waiting for its peer runs no CPU."""
+        watches = [_CpuWatch(p.pid, grace_s, grace_s) for p in self.procs]
+        for p, watch in zip(self.procs, watches, strict=True):
+            while p.poll() is None and not watch.stuck():
+                try:
+                    p.wait(timeout=0.05)
+                except subprocess.TimeoutExpired:
+                    pass
         for p in self.procs:
             if p.poll() is None:
                 p.terminate()
