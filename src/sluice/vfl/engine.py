@@ -50,6 +50,7 @@ from .config import SplitConfig
 from .follower import Follower
 from .leader import Leader
 from .links import FollowerProcesses, connect_followers, emulated_links
+from .models import import_optimizer_modules
 from .party import fail_peers
 from .schedule import Decision
 from .task import Task, build_task
@@ -200,6 +201,7 @@ class SplitEngine:
         if cfg.pipeline.switch_interval_ms is not None:  # restored by stop()
             self._old_switch = sys.getswitchinterval()
             sys.setswitchinterval(cfg.pipeline.switch_interval_ms / 1000.0)
+        import_optimizer_modules()  # before the followers wait for the proposal
         links: dict[str, Link] = {}
         try:
             links = self._links(task)

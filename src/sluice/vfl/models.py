@@ -130,6 +130,14 @@ def train_last_layers(module: nn.Module, layers: int) -> None:
         m.requires_grad_(i >= len(lin) - layers)
 
 
+def import_optimizer_modules() -> None:
+    """Import what torch's optimizers import when the first one is built (``torch._dynamo``, about 1 s of
+    CPU). A party does it before it is connected to its peers: on a busy machine that second takes many times
+    longer, and a peer waiting for the proposal or its answer meanwhile counts it against its stall timeout
+    (``transport.timeout_s``)."""
+    import torch._dynamo  # noqa: F401
+
+
 def make_optimizer(params: list[nn.Parameter], hp: dict[str, Any]) -> torch.optim.Optimizer:
     """SGD (with momentum, weight decay) or Adam, from the negotiated hyper-parameters."""
     if not params:

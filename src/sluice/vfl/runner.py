@@ -23,6 +23,7 @@ from .config import SplitConfig
 from .engine import FollowerHook, Record, SplitEngine
 from .follower import Follower
 from .links import tls_files
+from .models import import_optimizer_modules
 from .party import switch_interval
 from .schedule import Decision
 
@@ -88,6 +89,7 @@ def serve_follower(
     """Listen on ``listen``, serve one leader's task, return this follower's summary."""
     _die_with_parent(parent_pid)
     torch.set_num_threads(1)
+    import_optimizer_modules()  # before listening: the leader waits for the answer to its proposal
     listener = GrpcListener(listen, tls_files(cfg.transport.tls), name or cfg.party.name)
     try:
         if on_event:
