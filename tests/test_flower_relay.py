@@ -72,3 +72,21 @@ def test_a_superlink_is_reachable_or_says_why_not() -> None:
         assert unreachable(fed.model_copy(update={"superlink": f"127.0.0.1:{srv.getsockname()[1]}"})) is None
     with pytest.raises(ValueError, match="root_certificates"):
         FederationConfig(superlink="127.0.0.1:9092")
+
+
+def test_data_amount_requirements_are_refused_on_flower_before_anything_starts(tmp_path) -> None:
+    from rich.console import Console
+
+    from sluice.control.params import Requirements
+    from sluice.flower.deploy import DeploymentError
+    from sluice.flower.engine import node_data_refusal
+    from sluice.flower.runner import FlowerOptions, run_on_flower
+    from sluice.jobs import load_job
+
+    assert node_data_refusal(None) is None and node_data_refusal({"performance": {"test_accuracy": 0.9}}) is None
+    assert node_data_refusal({"max_data_amount": 10}).startswith("requirements.max_data_amount: on a Flower")
+    assert node_data_refusal(Requirements(min_data_amount=5)).startswith("requirements.min_data_amount")
+    job = load_job("hfl", None, ["requirements.data_amount=100"])
+    with pytest.raises(DeploymentError, match="requirements.data_amount: .*lives on the nodes"):
+        run_on_flower(job, str(tmp_path / "run"), FlowerOptions(), console=Console())
+    assert not (tmp_path / "run" / "flower").exists()  # no deployment was started

@@ -28,7 +28,8 @@ from typing import Any
 from sluice.control.params import Cause, Requirements
 from sluice.errors import NegotiationError
 
-_DATA_KEYS = ("data_amount", "min_data_amount", "max_data_amount")
+DATA_KEYS = ("data_amount", "min_data_amount", "max_data_amount")
+"""The requirements on the amount of training data."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ def preflight(
 
 
 def _plan_data(engine: Any, r: Requirements, wait_for_data: bool) -> Feasibility:
-    asked = [k for k in _DATA_KEYS if getattr(r, k) is not None]
+    asked = [k for k in DATA_KEYS if getattr(r, k) is not None]
     if not asked:
         return Feasibility.ok()
     name = type(engine).__name__

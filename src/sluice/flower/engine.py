@@ -61,6 +61,16 @@ NODE_DATA = ("on a Flower federation the training data lives on the nodes, which
              "limit or count")
 
 
+def node_data_refusal(requirements: Any) -> str | None:
+    """Why a job with ``requirements`` (:class:`~sluice.control.params.Requirements`, its dict, or None) cannot
+    train on Flower: a requirement on the amount of training data (None when it has none)."""
+    from sluice.control.feasibility import DATA_KEYS
+
+    doc = requirements if isinstance(requirements, dict) or requirements is None else requirements.model_dump()
+    asked = [k for k in DATA_KEYS if (doc or {}).get(k) is not None]
+    return f"requirements.{asked[0]}: {NODE_DATA}; drop the data amount requirements" if asked else None
+
+
 def flower_object_bytes(msg: Any) -> int:
     """Bytes Flower serialises for ``msg``: its message, record and array objects as pushed and pulled."""
     from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects

@@ -144,7 +144,7 @@ def relay(spec: dict[str, Any], conn: Connection) -> None:
     import os
 
     from sluice.flower.deploy import DeploymentError, submit, write_connection
-    from sluice.flower.engine import NODE_DATA
+    from sluice.flower.engine import node_data_refusal
     from sluice.jobs import job_from_dict
 
     name = spec["federation"]["name"]
@@ -153,9 +153,7 @@ def relay(spec: dict[str, Any], conn: Connection) -> None:
                    "service's configuration"})
         return
     fed = FederationConfig.model_validate(spec["federation"]["config"])
-    asked = [k for k in ("data_amount", "min_data_amount", "max_data_amount")
-             if (spec.get("requirements") or {}).get(k) is not None]
-    problem = f"requirements.{asked[0]}: {NODE_DATA}" if asked else unreachable(fed)
+    problem = node_data_refusal(spec.get("requirements")) or unreachable(fed)
     if problem is not None:
         conn.send({"kind": "refused", "error": f"federation {name!r}: {problem}"})
         return

@@ -274,15 +274,14 @@ def follow(job: Job, out: Path, dep: LocalDeployment, run_id: int, *, console: C
 
 def run_on_flower(job: Job, out: str | None, opts: FlowerOptions, *, console: Console) -> int:
     """Run ``job`` on Flower (see the module docstring); return the exit status of its report."""
+    from sluice.flower.engine import node_data_refusal
+
     out_path = (Path(out) if out else new_run_path("run")).resolve()
     if out_path.exists() and any(out_path.iterdir()):
         raise DeploymentError(f"{out_path} exists and is not empty; name a new run directory with --out")
-    r = job.requirements
-    asked = [k for k in ("data_amount", "min_data_amount", "max_data_amount") if r is not None
-             and getattr(r, k, None) is not None]
-    if asked:
-        raise DeploymentError(f"requirements.{asked[0]}: on Flower the training data lives on the nodes, which "
-                              "this runtime does not limit or count; drop the data amount requirements")
+    refusal = node_data_refusal(job.requirements)
+    if refusal is not None:
+        raise DeploymentError(refusal)
     if opts.superlink is not None:
         return _run_remote(job, out_path, opts, console=console)
     terminals = _terminals(job)
