@@ -38,11 +38,11 @@ from typing import Any
 import tomli_w
 import torch
 
+from sluice.split import SplitConfig, run_inprocess
+from sluice.split.grouping import PipeStage as Stage
+from sluice.split.grouping import chain_bound, group_sizes, lower_bound
+from sluice.split.models import build_mlp, mlp_spec
 from sluice.transport.netns import NetnsPair, netns_available
-from sluice.vfl import SplitConfig, run_inprocess
-from sluice.vfl.grouping import PipeStage as Stage
-from sluice.vfl.grouping import chain_bound, group_sizes, lower_bound
-from sluice.vfl.models import build_mlp, mlp_spec
 from sluice.wire.tensor import encode_tensor
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -138,8 +138,8 @@ def test_process_checkpoint_arguments(digits) -> None:
 def test_split_resumes_bit_for_bit_across_every_party(topology: str, transport: str, tmp_path) -> None:
     """Every party's state travels: in-process followers and followers in their own processes (gRPC)."""
     from sluice.errors import TrainingError
-    from sluice.vfl import SplitConfig
-    from sluice.vfl.engine import SplitEngine
+    from sluice.split import SplitConfig
+    from sluice.split.engine import SplitEngine
 
     cfg = SplitConfig.model_validate({
         "topology": topology, "followers": 2, "data": {"dataset": "digits"},

@@ -8,7 +8,7 @@ The layers, top to bottom (a module may import its own layer and those below it,
     runtimes and jobs     flower/, jobs.py (the one place a job is assembled), training.py (one job trained
                           into a run directory), api.py (run_task), plots.py
     control               control/, runs.py (run directories: config, metrics lines, summaries)
-    engines               hfl/, vfl/, local/, engine.py (the protocol control drives every engine through)
+    engines               hfl/, split/, local/, engine.py (the protocol control drives every engine through)
     bytes, codecs, links  wire/ (the one byte format, state and checkpoints included), compress/, transport/
     tasks, data, models   tasks/, data/, models/
     foundation            errors.py, schema.py, config.py, metrics.py, _lazy.py
@@ -39,7 +39,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "runtimes and jobs": ("sluice.flower", "sluice.jobs", "sluice.training", "sluice.remote", "sluice.api",
                           "sluice.plots"),
     "control": ("sluice.control", "sluice.runs"),
-    "engines": ("sluice.hfl", "sluice.vfl", "sluice.local", "sluice.engine"),
+    "engines": ("sluice.hfl", "sluice.split", "sluice.local", "sluice.engine"),
     "bytes, codecs and links": ("sluice.wire", "sluice.compress", "sluice.transport"),
     "tasks, data and models": ("sluice.tasks", "sluice.data", "sluice.models"),
     "foundation": ("sluice.errors", "sluice.schema", "sluice.config", "sluice.metrics", "sluice._lazy"),
@@ -365,7 +365,7 @@ def test_no_private_name_crosses_a_package() -> None:
     assert not bad, "private names used across packages: " + "; ".join(bad)
 
 
-@pytest.mark.parametrize("package", ["sluice.hfl", "sluice.vfl", "sluice.local"])
+@pytest.mark.parametrize("package", ["sluice.hfl", "sluice.split", "sluice.local"])
 def test_importing_an_engine_loads_no_control_module(package: str) -> None:
     code = (f"import sys, {package}\n"
             "print(','.join(sorted(m for m in sys.modules if m == 'sluice.control' "

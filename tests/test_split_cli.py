@@ -15,7 +15,7 @@ import pytest
 from sluice.cli import main
 from sluice.errors import SluiceError
 from sluice.runs import read_metrics
-from sluice.vfl import SplitConfig, SplitEngine
+from sluice.split import SplitConfig, SplitEngine
 
 
 def test_split_run_end_to_end(tmp_path):
@@ -221,9 +221,9 @@ def test_follower_reports_a_vanished_leader(tmp_path):
     """The follower side of 'never a hang': its leader disappears right after the proposal."""
     import threading
 
+    from sluice.split.runner import serve_follower
+    from sluice.split.task import build_task, proposal_for
     from sluice.transport.grpc_link import connect
-    from sluice.vfl.runner import serve_follower
-    from sluice.vfl.task import build_task, proposal_for
     from sluice.wire.tensor import ControlMsg, decode, encode_control
 
     cfg = SplitConfig.model_validate({"train": {"steps": 50}, "pipeline": {"groups": 2},
@@ -260,8 +260,8 @@ def test_a_send_after_the_leader_left_reports_the_leaders_failure(tmp_path):
     leader sends ``error`` and closes the stream while the follower computes; its reader thread takes both,
     and the follower's next send finds the stream ended. The leader's reason is what the follower reports."""
     from sluice.errors import TrainingError
+    from sluice.split.party import Worker
     from sluice.transport.grpc_link import GrpcListener, connect
-    from sluice.vfl.party import Worker
     from sluice.wire.tensor import encode_control
 
     lis = GrpcListener("127.0.0.1:0")

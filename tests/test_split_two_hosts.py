@@ -113,9 +113,9 @@ def test_split_certificates_fit_each_role(tmp_path: Path) -> None:
 def test_a_leader_with_the_followers_certificate_is_told_why(tmp_path: Path) -> None:
     """The issue's mistake: a leader run with the follower's config presents the follower's server certificate;
     its error says so, not only that it could not connect."""
+    from sluice.split.config import SplitConfig
+    from sluice.split.links import connect_followers
     from sluice.transport.grpc_link import GrpcListener, TlsFiles
-    from sluice.vfl.config import SplitConfig
-    from sluice.vfl.links import connect_followers
 
     pki = tmp_path / "pki"
     assert main(["certs", str(pki), "--follower", "127.0.0.1"]) == 0

@@ -69,7 +69,7 @@ ENGINE_KINDS: dict[str, EngineKind] = {
                    lambda c: f"hfl-{c.task.label or c.data.dataset + '-mlp'}"),
         EngineKind("local", "sluice.local.config:LocalConfig", "sluice.local:engine_from_config",
                    lambda c: f"local-{c.task.label or c.data.dataset + '-mlp'}"),
-        EngineKind("split", "sluice.vfl.config:SplitConfig", "sluice.vfl:engine_from_config",
+        EngineKind("split", "sluice.split.config:SplitConfig", "sluice.split:engine_from_config",
                    lambda c: f"split-{c.data.dataset}-{c.topology}"),
     )
 }

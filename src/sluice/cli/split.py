@@ -67,7 +67,7 @@ def plot(records: list[dict[str, Any]], run_dir: Path, names: list[str] | None =
     """``loss.png`` and, on a scenario, its type-specific errors (``names``) against the step and the
     megabytes sent."""
     from sluice.plots import plot_metrics
-    from sluice.vfl.plots import plot_loss
+    from sluice.split.plots import plot_loss
 
     plot_loss(records, run_dir)
     plot_metrics(records, run_dir, names or [], key="step")
@@ -82,7 +82,7 @@ def _run_dir(out: str | None) -> Path:
 def _lead(args: argparse.Namespace, command: str, connect: list[str] | None) -> int:
     """``split run`` and ``split party --role leader``: the leader trains under the control plane."""
     from sluice.jobs import load_job
-    from sluice.vfl import SplitEngine
+    from sluice.split import SplitEngine
 
     job = load_job("split", args.config, args.overrides)
     cfg = job.config
@@ -113,7 +113,7 @@ def _party(args: argparse.Namespace) -> int:
     if args.connect:
         raise ConfigError("--connect is for --role leader; a follower uses --listen")
     from sluice.jobs import load_job
-    from sluice.vfl.runner import serve_follower
+    from sluice.split.runner import serve_follower
 
     cfg = load_job("split", args.config, args.overrides).config
     console = Console(stderr=True)

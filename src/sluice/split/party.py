@@ -1,7 +1,7 @@
 """What every party of pipelined split training shares: the worker (SPEC P7).
 
-Each party (:mod:`sluice.vfl.leader`, :mod:`sluice.vfl.follower`) reads its data, builds its operation
-graph for every step (:mod:`sluice.vfl.topology`), lets the :class:`~sluice.vfl.schedule.Scheduler` pick
+Each party (:mod:`sluice.split.leader`, :mod:`sluice.split.follower`) reads its data, builds its operation
+graph for every step (:mod:`sluice.split.topology`), lets the :class:`~sluice.split.schedule.Scheduler` pick
 the next operation,
 runs it with its trainer (forward, backward, optimizer), and exchanges tensors over its links. The same
 code runs over the in-process emulated link and over gRPC; only the links differ.
@@ -11,7 +11,7 @@ Exactness (SPEC P5): group ``g`` of a batch of ``B`` samples contributes the los
 steps once per batch, so the update equals the full-batch update of the mean loss (up to float rounding)
 for models whose per-sample outputs do not depend on other samples.
 
-Step protocol. Tensors carry (step, group, tag), the tags of :data:`sluice.vfl.topology.TOPOLOGIES`.
+Step protocol. Tensors carry (step, group, tag), the tags of :data:`sluice.split.topology.TOPOLOGIES`.
 After its optimizer step a follower evaluates when due and sends ``step_done`` with its idle and busy
 seconds, per-operation seconds and the bytes it sent for that step; it starts the next step at once (the
 batch order is agreed, so no message is needed).

@@ -2,7 +2,7 @@
 (:func:`run_inprocess`, used by tests and benchmarks), and the follower side of a task led from elsewhere
 (:func:`serve_follower`, what ``sluice split party --role follower`` runs).
 
-The leader side of every run is :class:`~sluice.vfl.engine.SplitEngine`.
+The leader side of every run is :class:`~sluice.split.engine.SplitEngine`.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ import pytest
 from sluice.config import load_config
 from sluice.data.datasets import raw_dataset
 from sluice.errors import ConfigError
-from sluice.vfl import SplitConfig, reference_train, run_inprocess
-from sluice.vfl.data import default_columns, load_table
+from sluice.split import SplitConfig, reference_train, run_inprocess
+from sluice.split.data import default_columns, load_table
 
 
 def _cfg(**kw) -> SplitConfig:
@@ -122,7 +122,7 @@ def test_batchnorm_is_refused_unless_allowed():
 
 
 def test_check_exact_names_the_layers():
-    from sluice.vfl.models import build_mlp, check_exact, mlp_spec
+    from sluice.split.models import build_mlp, check_exact, mlp_spec
 
     m = build_mlp(mlp_spec(4, [5], 3, "relu", True, True, "float32"), 0)
     with pytest.raises(ConfigError, match="BatchNorm1d|1"):

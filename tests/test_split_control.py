@@ -8,8 +8,8 @@ import torch
 from sluice.control.params import Cause
 from sluice.control.process import TrainingProcess, train
 from sluice.errors import ConfigError, NegotiationError, TrainingError
-from sluice.vfl import SplitConfig, SplitEngine, reference_train
-from sluice.vfl.models import linear_layers
+from sluice.split import SplitConfig, SplitEngine, reference_train
+from sluice.split.models import linear_layers
 
 
 def _cfg(**kw) -> SplitConfig:

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluice.vfl.grouping import (
+from sluice.split.grouping import (
     PipeStage,
     PipeStageModel,
     StepModel,

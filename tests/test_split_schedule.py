@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluice.vfl.schedule import Op, OpGraph, OpType, Scheduler, Subtype
-from sluice.vfl.topology import TOPOLOGIES, In, topology
+from sluice.split.schedule import Op, OpGraph, OpType, Scheduler, Subtype
+from sluice.split.topology import TOPOLOGIES, In, topology
 
 FIRST, SECOND = OpType.FIRST, OpType.SECOND
 SENDS, FEEDS = Subtype.SENDS, Subtype.FEEDS
@@ -218,7 +218,7 @@ def test_topology_table_is_consistent(name):
     operation of the same party, and each step's graph runs to the end when every peer sends its part."""
     from typing import get_args
 
-    from sluice.vfl.config import SplitConfig
+    from sluice.split.config import SplitConfig
 
     assert set(get_args(SplitConfig.model_fields["topology"].annotation)) == set(TOPOLOGIES)
     t = TOPOLOGIES[name]

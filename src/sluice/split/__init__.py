@@ -7,7 +7,7 @@ gradients add up to exactly the full-batch update.
 Entry points: :class:`SplitEngine` (the engine protocol; followers in threads, in local processes or on
 other hosts), :func:`serve_follower` (the follower side across hosts) and :func:`run_inprocess` (a whole
 task in one process for its planned steps, without the control plane). The topologies are one table,
-:data:`~sluice.vfl.topology.TOPOLOGIES`.
+:data:`~sluice.split.topology.TOPOLOGIES`.
 """
 
 from __future__ import annotations

@@ -197,7 +197,7 @@ class Follower(Worker):
         """Seconds of this party's operations for groups of ``n`` samples (linear fit ``a0 + a1 n`` from
         two sizes, best of ``repeats``) and encoded bytes of what it sends per group. The seconds are the CPU
         time of this thread, which computes alone (one torch thread), as the leader times its own (see
-        :meth:`sluice.vfl.leader.Leader._time`)."""
+        :meth:`sluice.split.leader.Leader._time`)."""
         assert self.model is not None
         sizes = profile_sizes(batch)
         width = self.proposal["model"]["in"]
@@ -235,7 +235,7 @@ class Follower(Worker):
         return self.store.pop(("in", step, need.tag, "leader", g))
 
     def _execute(self, op: Op, step: int, groups: list[np.ndarray]) -> None:
-        """Run one operation of the table (:mod:`sluice.vfl.topology`) on group ``op.group``."""
+        """Run one operation of the table (:mod:`sluice.split.topology`) on group ``op.group``."""
         assert self.model is not None
         g = op.group
         spec = self.ops[op.name]

@@ -4,7 +4,7 @@ Every option has a default that runs: breast cancer split as FATE does (leader x
 one follower x10-x29), topology 6 (leader bottom + follower bottom -> leader top), G chosen
 automatically, leader and follower in separate processes over loopback gRPC.
 
-A scenario is split by its own vertical feature groups (:mod:`sluice.vfl.data`), sized by
+A scenario is split by its own vertical feature groups (:mod:`sluice.split.data`), sized by
 ``[data.scenario]``: a classification one (``kpi_anomaly``, ``coverage`` with ``target = "problems"``)
 trains with cross-entropy, a regression one (``energy``, ``coverage`` with ``target = "signals"``) with
 the mean squared error over its standardised targets and reports ``test_mse``, ``test_mae``, ``test_rmse``.

@@ -2,7 +2,7 @@
 
 Used to check exactness (SPEC P5): pipelined split training with any G must end with the weights this
 produces, ``loss = mean_i ℓ(top(...bottoms(x_i)...), y_i)`` over each whole batch (ℓ: cross-entropy, or the
-squared error over the outputs for regression; :func:`~sluice.vfl.models.head_loss`), one optimizer step
+squared error over the outputs for regression; :func:`~sluice.split.models.head_loss`), one optimizer step
 per batch.
 """
 

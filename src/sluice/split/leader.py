@@ -197,7 +197,7 @@ class Leader(Worker):
         }
 
     def choose_g(self) -> int:
-        """Measure, predict the step time for every G and pick the best (see :mod:`sluice.vfl.grouping`)."""
+        """Measure, predict the step time for every G and pick the best (see :mod:`sluice.split.grouping`)."""
         B = self.task.hparams["batch_size"]
         mine = self.profile_self(B)
         emb_bytes = B * self.cfg.model.embedding * self.dtype.itemsize
@@ -284,7 +284,7 @@ class Leader(Worker):
         self.graph.offer(key)
 
     def _execute(self, op: Op, step: int, groups: list[torch.Tensor], batch: int) -> None:
-        """Run one operation of the table (:mod:`sluice.vfl.topology`) on group ``op.group``."""
+        """Run one operation of the table (:mod:`sluice.split.topology`) on group ``op.group``."""
         g = op.group
         idx = groups[g]
         spec = self.ops[op.name]
@@ -453,7 +453,7 @@ class Leader(Worker):
             self.send_control(name, "resume")
 
     def follower_states(self) -> dict[str, bytes]:
-        """Every follower's :meth:`~sluice.vfl.follower.Follower.state_bytes`, asked for between steps."""
+        """Every follower's :meth:`~sluice.split.follower.Follower.state_bytes`, asked for between steps."""
         for name in self.followers:
             self.send_control(name, "checkpoint_req")
         out = {}

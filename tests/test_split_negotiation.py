@@ -8,10 +8,10 @@ import pytest
 
 from sluice.engine import Engine
 from sluice.errors import NegotiationError, TrainingError, TransportError
-from sluice.vfl import SplitConfig, SplitEngine, run_inprocess
-from sluice.vfl.config import PartyPolicy
-from sluice.vfl.follower import judge
-from sluice.vfl.task import build_task, proposal_for
+from sluice.split import SplitConfig, SplitEngine, run_inprocess
+from sluice.split.config import PartyPolicy
+from sluice.split.follower import judge
+from sluice.split.task import build_task, proposal_for
 
 
 def _cfg(**kw) -> SplitConfig:
@@ -135,8 +135,8 @@ def test_groups_chosen_from_measured_link_and_compute(mode):
 
 
 def test_malformed_proposal_is_refused_not_crashed():
+    from sluice.split.follower import Follower
     from sluice.transport.emulated import emulated_pair
-    from sluice.vfl.follower import Follower
     from sluice.wire.tensor import ControlMsg, decode, encode_control
 
     a, b = emulated_pair()
