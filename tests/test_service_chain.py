@@ -97,6 +97,54 @@ def test_request_is_split_gathered_and_passed_up(domains):
             assert len(zf.read(entry["model"])) > 1000
 
 
+@pytest.mark.parametrize("where", ["performanceRequirements", "sluice-requirements", "sluice-termination"])
+def test_a_requirement_no_producer_can_report_is_refused_before_training(domains, where):
+    """test_rmse on the producers' classification job: a 400 naming what their jobs report, nothing created
+    (neither here nor at the producers)."""
+    cross, east, west = domains
+    if where == "performanceRequirements":
+        body = request_body("C7", _chain_job(3), termination={"iterations": 3}, decided_by="consumer",
+                            attributes={"performanceRequirements": [
+                                {"performanceMetric": "RMSE", "performanceScore": 0.05}]})
+    elif where == "sluice-requirements":
+        body = request_body("C7", _chain_job(3), termination={"iterations": 3}, decided_by="consumer",
+                            requirements={"performance": {"test_rmse": 0.05}})
+    else:
+        body = request_body("C7", _chain_job(3), termination={"iterations": 3, "performance": {"test_rmse": 0.1}},
+                            decided_by="consumer")
+    def held() -> list[int]:
+        return [len(s.get(s.function, scopeType="BASE_NTH_LEVEL", scopeLevel=1, filter="MLTrainingRequest").get(
+            "MLTrainingRequest", [])) for s in (east, west)]
+
+    before = held()
+    err = checked(cross.http.put(cross.req("C7"), json=body), 400)
+    bad = where if where == "performanceRequirements" else f"VsDataContainer/{where}"
+    assert err["badAttributes"] == [bad] and "test_accuracy" in err["reason"], err
+    assert "every producer's job of this chain" in err["reason"], err
+    checked(cross.http.get(cross.req("C7")), 404)
+    assert held() == before
+
+
+def test_a_3gpp_metric_name_on_a_chain_is_mapped_as_on_a_plain_request(domains):
+    """performanceMetric "RMSE" names test_rmse, which every producer's regression job reports: accepted, and
+    the producers get the requirement under the reported name."""
+    cross, east, west = domains
+    job = {"engine": "chain", "producers": ["east", "west"], "poll_interval_s": 0.1,
+           "job": {"engine": "local", "seed": 0, "data": {"dataset": "coverage"}, "train": {"iterations": 2}}}
+    body = request_body("C8", job, termination={"iterations": 1}, decided_by="consumer", attributes={
+        "performanceRequirements": [{"performanceMetric": "RMSE", "performanceScore": 1000.0}]})
+    checked(cross.http.put(cross.req("C8"), json=body), 201)
+    cross.wait_status("C8", ("FINISHED", "CANCELLED"), timeout=120)
+    proc = cross.process_of("C8")
+    assert proc["attributes"]["progressStatus"]["status"] == "FINISHED", proc
+    req = next(c for c in proc["VsDataContainer"] if c["id"] == "sluice-requirements")["attributes"]["vsData"]
+    assert req["performance"] == {"test_rmse": 1000.0}
+    for name, srv in (("east", east), ("west", west)):
+        sub = srv.process_of(_sub_request(srv, name, newest=True)["id"])
+        got = next(c for c in sub["VsDataContainer"] if c["id"] == "sluice-requirements")["attributes"]["vsData"]
+        assert got["performance"] == {"test_rmse": 1000.0}
+
+
 def test_a_producer_that_disappears_gives_a_cause(tmp_path):
     started = []
     try:
@@ -169,9 +217,13 @@ def test_a_restored_chain_follows_its_requests_and_creates_none() -> None:
     assert again.producers[0].client is None
 
 
-def _sub_request(srv, name: str) -> dict:
+def _sub_request(srv, name: str, newest: bool = False) -> dict:
+    """The one request a chain made at producer ``name`` (``newest``: the last one made, of several)."""
     tree = srv.get(srv.function, scopeType="BASE_NTH_LEVEL", scopeLevel=1, filter="MLTrainingRequest")
-    (req,) = [r for r in tree.get("MLTrainingRequest", []) if r["id"].endswith(f"-{name}")]
+    reqs = [r for r in tree.get("MLTrainingRequest", []) if r["id"].endswith(f"-{name}")]
+    if newest:
+        return reqs[-1]
+    (req,) = reqs
     return req
 
 

@@ -79,6 +79,15 @@ def test_a_model_type_the_job_does_not_train_is_refused(service):
     _refused(service, "R504", body, "aIMLInferenceName")
 
 
+def test_a_scenario_job_is_accepted_with_the_type_it_trains(service):
+    """The type a scenario's task declares ("coverage problem analysis") is the job's own 3GPP type."""
+    job = {"engine": "local", "seed": 0, "data": {"dataset": "coverage"}, "train": {"iterations": 2}}
+    for rid, attrs in (("R506", {}), ("R507", {"aIMLInferenceName": "COVERAGE_ANALYTICS_COVERAGE_PROBLEM_ANALYSIS"})):
+        checked(service.http.put(service.req(rid), json=request_body(rid, job, termination={"iterations": 1},
+                                                                      attributes=attrs)), 201)
+        service.wait_status(rid, ("FINISHED",), timeout=120)
+
+
 def test_a_change_to_an_unreported_metric_is_refused_and_the_request_kept(service):
     body = request_body("R505", local_job(), termination={"iterations": 3})
     checked(service.http.put(service.req("R505"), json=body), 201)

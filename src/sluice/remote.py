@@ -17,7 +17,9 @@ over one :class:`multiprocessing.connection.Connection`:
   requirements, from the next iteration) and ``data`` (training data, checked by the engine's
   ``check_data`` before it is queued; the ``ack`` carries the refusal).
 
-A process whose server goes away (the connection closes) cancels its training and exits.
+A process whose server goes away (the connection closes: the service stopped or was killed) cancels its
+training and exits. An engine whose training runs elsewhere (a chain: its producers' requests) is first told
+to ``detach``: it leaves that training running, for the restarted service to follow to its end.
 
 A spec with ``resume`` (the last checkpoint of a process interrupted by a stopped service) restores the
 engine and the process from it before training, and hands the engine only the uploads it had not taken
@@ -141,6 +143,9 @@ def _reader(conn: Connection, send: _Sender, kind: str, engine: Any, proc: Any) 
             msg = conn.recv()
         except (EOFError, OSError):
             send.gone.set()
+            detach = getattr(engine, "detach", None)
+            if callable(detach):  # what it trains elsewhere is not the consumer's cancel: it goes on
+                detach()
             proc.cancel()
             return
         token = msg.get("token")

@@ -48,9 +48,10 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any, NamedTuple
 
-RESTARTABLE = ("local", "hfl", "split")
+RESTARTABLE = ("local", "hfl", "split", "chain")
 """Engine kinds a process of which may train again from scratch when it was interrupted before any
-checkpoint (they train here, from their configuration alone)."""
+checkpoint (they train here, from their configuration alone; a chain follows the requests its producers
+hold under its chain id, which its process determines)."""
 
 
 class Phase(StrEnum):

@@ -4,9 +4,12 @@ A request is checked against the engine its job builds before the request is acc
 engine reports (with direction and range, :class:`sluice.metrics.MetricSpec`), whether it counts network
 bytes, and the model type its task trains. :class:`Prober` asks a short-lived process (from the workers'
 forkserver, so that torch and the datasets never load in the web server) to build the job's engine, not
-start it, and read them; the answer is cached per engine configuration. A job the probe cannot build, or a
-chained job (its producers report what they report), is not probed: its worker checks the same when it
-builds the engine and refuses the request before training (``refused``, :mod:`sluice.service.worker`).
+start it, and read them; the answer is cached per engine configuration. A chained job reports what every
+one of its producers' jobs reports (:func:`chain_capabilities`: each producer's job, overrides merged, is
+probed here as that producer would build it). A job the probe cannot build, or a chained job whose
+producers' jobs cannot all be probed here (one names no engine, or a task this service does not know), is
+not checked here: its worker checks the same when it builds the engine and refuses the request before
+training (``refused``, :mod:`sluice.service.worker`), and a producer refuses what it cannot report.
 
 :func:`fit_job` refuses (400, with the 3GPP error body and the metrics the engine reports):
 
@@ -54,6 +57,8 @@ class Capabilities:
 
     @property
     def reporter(self) -> str:
+        if self.kind == "chain":
+            return "every producer's job of this chain"
         return f"the {self.kind} engine of this job"
 
     def listing(self) -> str:
@@ -79,13 +84,26 @@ def probe_main(kind: str, raw: dict[str, Any], conn: Any) -> None:
         engine = job_from_dict(kind, raw).build()
         specs = dict(engine.metrics)  # an engine that loads its task lazily loads it here
         task = getattr(engine, "task_def", None) or getattr(engine, "task", None)
-        model_type = getattr(task, "model_type", None)
+        model_type = _model_type(getattr(task, "model_type", None))
         conn.send({"ok": True, "caps": Capabilities(kind, specs, bool(getattr(engine, "counts_bytes", True)),
-                                                    model_type if isinstance(model_type, str) else None).to_json()})
+                                                    model_type).to_json()})
     except Exception as exc:  # noqa: BLE001 - the worker reports it when it builds the job
         conn.send({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
     finally:
         conn.close()
+
+
+def _model_type(declared: Any) -> str | None:
+    """The type a task declares (``"coverage problem analysis"``) as a job's ``model.type`` names it (the
+    3GPP name); a type that does not normalise stays as declared."""
+    from sluice.control.params import normalise_model_type
+
+    if not isinstance(declared, str):
+        return None
+    try:
+        return normalise_model_type(declared)
+    except ValueError:
+        return declared
 
 
 class Prober:
@@ -130,6 +148,29 @@ class Prober:
                 proc.kill()
                 proc.join(5.0)
         return Capabilities.from_json(answer.get("caps")) if answer.get("ok") else None
+
+
+def chain_capabilities(raw: dict[str, Any], probe: Any) -> Capabilities | None:
+    """What a chained job ``raw`` can report: the metrics every producer's job reports (``probe(kind, job)``
+    answers for one job), no network bytes (a chain counts none), the model type when all train the same one;
+    None when a producer's job cannot be probed (it names no engine: the producer's default decides)."""
+    from sluice.config import merge_patch
+
+    inner = raw.get("job") if isinstance(raw.get("job"), dict) else {}
+    overrides = raw.get("overrides") if isinstance(raw.get("overrides"), dict) else {}
+    found: list[Capabilities] = []
+    for name in raw.get("producers") or []:
+        job = merge_patch(inner, overrides.get(name) or {})
+        kind = job.pop("engine", None)
+        caps = probe(kind, job) if kind in PROBED_KINDS else None
+        if caps is None:
+            return None
+        found.append(caps)
+    if not found:
+        return None
+    metrics = {n: s for n, s in found[0].metrics.items() if all(n in c.metrics for c in found[1:])}
+    types = {c.model_type for c in found}
+    return Capabilities("chain", metrics, False, types.pop() if len(types) == 1 else None)
 
 
 # ------------------------------------------------------------------------------------------- the checks

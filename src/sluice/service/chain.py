@@ -34,7 +34,12 @@ those of any other process:
   criterion of the chain fired first), waits for their reports and writes one zip file holding each
   producer's model and a ``chain.json`` manifest of where each came from and how it ended;
 * ``checkpoint``/``restore`` keep the producers' request ids, so a restarted service follows the same
-  requests instead of starting new ones.
+  requests instead of starting new ones; a chain without a checkpoint starts again under the same chain id
+  (the service derives it from the chain's process) and follows the requests its producers already hold
+  (its iterations catch up with theirs, one per call);
+* ``detach`` (the worker lost its service: it was stopped or killed) leaves the producers' requests
+  training: ``iterate`` returns at once, and ``save`` and ``stop`` cancel nothing, so the restarted service
+  follows them to their end.
 """
 
 from __future__ import annotations
@@ -146,6 +151,7 @@ class ChainEngine:
         self.requirements: dict[str, Any] | None = None
         self.identity: dict[str, Any] = {}
         self._started = False
+        self._detached = False
 
     # ------------------------------------------------------------------ engine protocol
     @property
@@ -191,6 +197,9 @@ class ChainEngine:
     def iterate(self) -> IterationEvent:
         t0 = self.clock()
         while True:
+            if self._detached:
+                return IterationEvent(self.k + 1, self._metrics(), seconds=self.clock() - t0, anomaly="CANCELLED",
+                                      detail="the chain's service went away; its producers' requests go on")
             for p in self.producers:
                 if not p.ended:
                     self._poll(p)
@@ -224,9 +233,14 @@ class ChainEngine:
                 self._try(p, lambda c, p=p: c.resume(p.rid))
 
     def stop(self) -> None:
-        """Cancel what still trains and close the connections."""
+        """Cancel what still trains (unless detached) and close the connections."""
         self._cancel_all(self.producers)
         self._close()
+
+    def detach(self) -> None:
+        """The service that steers this chain went away (stopped or killed): leave the producers' requests
+        training, for the restarted service to follow; end at once (called from another thread)."""
+        self._detached = True
 
     def add_data(self, data: Any) -> None:
         self.check_data(data)
@@ -236,7 +250,14 @@ class ChainEngine:
 
     def save(self, path: str) -> str:
         """One zip: each producer's model as ``<producer>/<file>`` and ``chain.json`` (see the module
-        docstring). Producers still training are cancelled first; their model so far is kept."""
+        docstring). Producers still training are cancelled first; their model so far is kept. Detached: only
+        the manifest, nothing is cancelled or fetched."""
+        if self._detached:
+            out = Path(path).with_suffix(".zip")
+            with zipfile.ZipFile(out, "w") as zf:
+                zf.writestr("chain.json", json.dumps({"chain": self.chain_id, "detached": True,
+                                                      "requests": {p.name: p.rid for p in self.producers}}))
+            return str(out)
         self._cancel_all(self.producers)
         deadline = self.clock() + self.cfg.producer_timeout_s
         while any(not p.ended for p in self.producers if p.rid) and self.clock() < deadline:
@@ -301,13 +322,15 @@ class ChainEngine:
         return doc
 
     def _create(self, p: _Producer) -> None:
-        """Create the producer's request, retrying while it is unreachable for up to the timeout."""
+        """Create the producer's request, or follow it when the producer holds it already (the chain starts
+        again after a restart of its service); retrying while it is unreachable for up to the timeout."""
         from sluice.service.client import MnSClientError
 
         deadline = self.clock() + self.cfg.producer_timeout_s
         while True:
             try:
-                p.client.create(self._job_for(p), p.rid)
+                if not self._held(p):
+                    p.client.create(self._job_for(p), p.rid)
                 p.last_ok = self.clock()
                 return
             except MnSClientError as exc:
@@ -317,6 +340,19 @@ class ChainEngine:
                     raise SluiceError(f"{p.where()} could not be reached for {self.cfg.producer_timeout_s:g} s: "
                                       f"{exc}") from exc
                 self.sleep(self.cfg.poll_interval_s)
+
+    @staticmethod
+    def _held(p: _Producer) -> bool:
+        """Whether the producer holds request ``p.rid`` (HTTP 200; 404: it does not)."""
+        from sluice.service.client import MnSClientError
+
+        try:
+            p.client.request(p.rid)
+        except MnSClientError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
 
     def _poll(self, p: _Producer) -> None:
         from sluice.service.client import MnSClientError, vs_of
@@ -379,6 +415,8 @@ class ChainEngine:
             p.last_error = str(exc)
 
     def _cancel_all(self, producers: list[_Producer]) -> None:
+        if self._detached:
+            return
         for p in producers:
             if p.rid and p.client is not None and not p.ended:
                 p.cancelled = True

@@ -8,11 +8,13 @@ carry conditions in brackets::
     MLTrainingProcess                                    every process in the scope
     MLTrainingRequest=R1                                 that request
     SubNetwork=SN1/MLTrainingFunction=TF1/MLTrainingReport   the reports under that function
+    MLTrainingFunction=TF1/MLTrainingReport              the same (leading nodes need not start at the root)
     MLTrainingRequest[requestStatus="FINISHED"]          the finished requests
     //MLTrainingProcess[progressStatus/status!="RUNNING" and priority>=1]
 
 A node path matches an MOI whose LDN ends with its last node (a class alone matches every id) under its
-leading nodes (:func:`sluice.service.store._filter_matches`). A condition compares an attribute of the node
+leading nodes, which name consecutive RDNs above it from the root or from any node below it
+(:func:`sluice.service.store._filter_matches`). A condition compares an attribute of the node
 (``requestStatus``, or ``attributes/requestStatus``; ``a/b`` reads member ``b`` of attribute ``a``; ``id``
 is the node's id) with a literal — a string in double or single quotes, a number, ``true``, ``false`` or
 ``null`` — by ``=``, ``!=``, ``<``, ``<=``, ``>``, ``>=`` (order comparisons hold between two numbers or two
@@ -47,14 +49,47 @@ def _bad(param: str, why: str) -> MnSError:
     return MnSError(400, f"{param}: {why}; {SUPPORTED}", bad_query_params=[param])
 
 
+_WRITTEN = {"SubNetwork": frozenset({"userLabel"})}
+"""Attributes the service writes on a container the bundle defines no class for."""
+
+
 @cache
 def attributes_of(cls: str) -> frozenset[str]:
-    """The attributes class ``cls`` defines (the bundle's ``<Class>-Attr``, else what the service writes)."""
+    """The attributes class ``cls`` defines: the bundle's ``<Class>-Attr``, or the ``attributes`` member of its
+    ``<Class>-Single`` (through ``allOf`` and ``$ref``), and what the service writes."""
     from sluice.service.schema import load_bundle
 
-    schema = load_bundle()["components"]["schemas"].get(f"{cls}-Attr") or {}
-    names = set(schema.get("properties") or {})
-    return frozenset(names | WRITABLE.get(cls, frozenset()) | READ_ONLY.get(cls, frozenset()))
+    schemas = load_bundle()["components"]["schemas"]
+    names = _properties(schemas, schemas.get(f"{cls}-Attr") or {})
+    for part in _parts(schemas, schemas.get(f"{cls}-Single") or {}):
+        attrs = (part.get("properties") or {}).get("attributes")
+        if isinstance(attrs, dict):
+            names |= _properties(schemas, attrs)
+    return frozenset(names | _WRITTEN.get(cls, frozenset()) | WRITABLE.get(cls, frozenset())
+                     | READ_ONLY.get(cls, frozenset()))
+
+
+def _parts(schemas: dict[str, Any], schema: dict[str, Any]) -> list[dict[str, Any]]:
+    """``schema`` and every schema it is made of through ``allOf`` and ``$ref``, each once."""
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            name = ref.rpartition("/")[2]
+            if name in seen or name not in schemas:
+                continue
+            seen.add(name)
+            node = schemas[name]
+        out.append(node)
+        stack.extend(n for n in node.get("allOf") or [] if isinstance(n, dict))
+    return out
+
+
+def _properties(schemas: dict[str, Any], schema: dict[str, Any]) -> set[str]:
+    return {name for part in _parts(schemas, schema) for name in part.get("properties") or {}}
 
 
 def _value(attrs: dict[str, Any], rid: str, path: str) -> tuple[bool, Any]:

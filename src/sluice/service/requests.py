@@ -21,7 +21,7 @@ from sluice.control.report import brief
 from sluice.errors import SluiceError
 from sluice.service.auth import Actor, inherited, tag
 from sluice.service.base import ServiceBase, _phase
-from sluice.service.capabilities import fit_job, inference_type
+from sluice.service.capabilities import chain_capabilities, fit_job, inference_type
 from sluice.service.db import MOI
 from sluice.service.identity import request_model
 from sluice.service.nrm import (
@@ -86,7 +86,14 @@ class RequestsMixin(ServiceBase):
             termination=None if parsed.termination is None else parsed.termination.model_dump(
                 mode="json", exclude_none=True, exclude_defaults=True),
             decided_by=decided, federation=federation)
-        return fit_job(out, attrs, self.prober.of(kind, producer_job(out.raw, self.cfg.tasks)))
+        return fit_job(out, attrs, self._capabilities(kind, out.raw))
+
+    def _capabilities(self, kind: str, raw: dict[str, Any]) -> Any:
+        """What the engine of job ``raw`` reports (a chain: what each of its producers' jobs reports)."""
+        def probe(k: str, job: dict[str, Any]) -> Any:
+            return self.prober.of(k, producer_job(job, self.cfg.tasks))
+
+        return chain_capabilities(raw, probe) if kind == "chain" else probe(kind, raw)
 
     def _parse_job(self, kind: str, doc: dict[str, Any]) -> Any:
         """``doc`` validated as this producer trains it: the task it names is a built-in or a registered one

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from sluice.service.auth import Actor
-from sluice.service.filters import parse_filter
+from sluice.service.filters import CLASSES, attributes_of, parse_filter
 from sluice.service.nrm import MnSError, id_of, representation, select_fields
 from sluice.service.store import _filter_matches
 from sluice.service.web import GET_PARAMS, Caller, Site, json_response
@@ -19,9 +19,10 @@ from sluice.service.web import GET_PARAMS, Caller, Site, json_response
 SCOPE_TYPES = ("BASE_ONLY", "BASE_NTH_LEVEL", "BASE_SUBTREE", "BASE_ALL")
 
 
-def _scope(q: Any) -> tuple[str, int]:
-    """``(scopeType, scopeLevel)`` of the query: ``scope`` (JSON or a bare type) or the separate parameters."""
-    scope_type, level = "BASE_ONLY", 0
+def _scope(q: Any) -> tuple[str, int | None]:
+    """``(scopeType, scopeLevel)`` of the query: ``scope`` (JSON or a bare type) or the separate parameters.
+    The level is None when none is given: ``BASE_SUBTREE`` then reaches every level (``BASE_NTH_LEVEL``: 0)."""
+    scope_type, level = "BASE_ONLY", None
     if "scope" in q:
         raw = q["scope"]
         try:
@@ -29,19 +30,45 @@ def _scope(q: Any) -> tuple[str, int]:
         except ValueError as exc:
             raise MnSError(400, f"scope is not JSON: {exc}", bad_query_params=["scope"]) from exc
         scope_type = scope.get("scopeType", "BASE_ONLY")
-        level = scope.get("scopeLevel", 0)
+        level = scope.get("scopeLevel")
     if "scopeType" in q:
         scope_type = q["scopeType"]
     if "scopeLevel" in q:
         level = q["scopeLevel"]
     try:
-        level = int(level)
+        level = None if level is None else int(level)
     except (TypeError, ValueError) as exc:
         raise MnSError(400, "scopeLevel must be an integer", bad_query_params=["scopeLevel"]) from exc
-    if scope_type not in SCOPE_TYPES or level < 0:
+    if scope_type not in SCOPE_TYPES or (level is not None and level < 0):
         raise MnSError(400, f"scopeType {scope_type!r} is not BASE_ONLY, BASE_NTH_LEVEL, BASE_SUBTREE or BASE_ALL",
                        bad_query_params=["scope"])
     return scope_type, level
+
+
+MEMBERS = ("id", "objectClass", "objectInstance", "attributes", "VsDataContainer")
+"""The members of a resource's representation a ``fields`` path may start with."""
+
+
+def _unknown(param: str, name: str, known: frozenset[str]) -> bool:
+    """Whether ``attributes`` name or ``fields`` path ``name`` names what the answer cannot hold."""
+    if param == "attributes":
+        return name != "VsDataContainer" and name not in known
+    parts = [p for p in name.strip("/").split("/") if p]
+    return not parts or parts[0] not in MEMBERS or (parts[0] == "attributes" and len(parts) > 1
+                                                     and parts[1] not in known)
+
+
+def _check_selection(param: str, names: list[str], classes: tuple[str, ...]) -> None:
+    """400 for an ``attributes`` name or a ``fields`` path naming what no class of the answer defines."""
+    known = frozenset().union(*(attributes_of(c) for c in classes))
+    bad = [name for name in names if _unknown(param, name, known)]
+    if not bad:
+        return
+    what = " or ".join(classes) if len(classes) < 3 else "any class of this service"
+    hint = (f"a path starts with {', '.join(MEMBERS)}, and attributes/ is followed by an attribute name"
+            if param == "fields" else f"the attributes are {', '.join(sorted(known))}")
+    raise MnSError(400, f"{param}: {', '.join(map(repr, bad))} names no attribute of {what}; {hint}",
+                   bad_query_params=[param])
 
 
 def _download(site: Site, ldn: str, row: Any) -> Response:
@@ -85,6 +112,10 @@ def read(site: Site, request: Request, ldn: str, actor: Actor | None) -> Respons
     selector = parse_filter(q.get("dataNodeSelector"), "dataNodeSelector")
     if selector is not None and not {"scope", "scopeType", "scopeLevel"} & set(q):
         scope_type = "BASE_ALL"  # the selector chooses among every node below the base
+    classes = (cls,) if scope_type == "BASE_ONLY" else CLASSES
+    for param, names in (("attributes", attributes), ("fields", fields)):
+        if names is not None:
+            _check_selection(param, names, classes)
 
     def render(r: Any) -> dict[str, Any]:
         doc = representation(r, attributes=attributes)
@@ -92,11 +123,12 @@ def read(site: Site, request: Request, ldn: str, actor: Actor | None) -> Respons
 
     top = render(row)
     if scope_type != "BASE_ONLY":
-        depth = None if scope_type == "BASE_ALL" else level
+        # levels below the base: BASE_ALL every one, BASE_SUBTREE down to scopeLevel (every one without it)
+        depth = None if scope_type == "BASE_ALL" else level if scope_type == "BASE_SUBTREE" else (level or 0)
         base_depth = ldn.count("/")
         rows = sorted(site.service.subtree(ldn, depth, actor), key=lambda r: (r.dn.count("/"), r.seq))
         chosen = {r.dn for r in rows if all(f is None or f.matches(r, _filter_matches) for f in (flt, selector))
-                  and (scope_type != "BASE_NTH_LEVEL" or r.dn.count("/") - base_depth == level)}
+                  and (scope_type != "BASE_NTH_LEVEL" or r.dn.count("/") - base_depth == (level or 0))}
         _nest(top, row, base_depth, rows, chosen, render)
     return json_response(top)
 

@@ -1,7 +1,8 @@
 """The rest of the tree: ``POST`` on a container (a request under the ``MLTrainingFunction``, a subscription
-under the ``SubNetwork``), ``OPTIONS`` (what the served OpenAPI document declares for the path), and what the
-resource routers do not take: a write to a class the producer alone writes (405), to a class or path this
-producer does not manage (404), a malformed LDN (400), another method (405)."""
+under the ``SubNetwork``; on any other resource a 405 with ``Allow``), ``OPTIONS`` (what the served OpenAPI
+document declares for the path), and what the resource routers do not take: a write to a class the producer
+alone writes (405), to a class or path this producer does not manage (404), a malformed LDN (400), another
+method (405)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ from sluice.service import route_processes, route_requests, route_subscriptions
 from sluice.service.auth import Actor
 from sluice.service.nrm import MnSError, ldn_to_dn, representation
 from sluice.service.web import (
+    ALLOWED,
     METHODS,
     Caller,
     RawBody,
     Site,
+    allowed,
     documented_methods,
     json_response,
     object_body,
@@ -31,7 +34,11 @@ _WRITERS: dict[str, Any] = {"MLTrainingRequest": route_requests, "MLTrainingProc
 
 
 def post(site: Site, request: Request, ldn: str, raw: bytes, actor: Actor | None) -> Response:
-    site.locate(ldn)
+    cls, _ = site.locate(ldn)
+    if "POST" not in ALLOWED.get(cls, ""):  # a leaf (or the model repository) has no children to create
+        site.service.get(ldn, actor)
+        raise MnSError(405, f"POST creates a child resource; a {cls} takes none (Allow: {allowed(ldn)})",
+                       bad_objects=[ldn_to_dn(ldn)])
     body = object_body(raw)
     cls = body.get("objectClass")
     if ldn == site.service.tf and cls == "MLTrainingRequest":

@@ -16,9 +16,10 @@ and never lost for one that was committed.
 Subscriptions (``NtfSubscriptionControl``) match by ``notificationTypes``, ``scope`` (relative to the
 subscription's parent: ``BASE_ONLY``, ``BASE_NTH_LEVEL`` with ``scopeLevel``, ``BASE_SUBTREE``/``BASE_ALL``;
 default all) and ``notificationFilter``. Sluice reads a filter as one or more node paths separated by
-``|``: ``MLTrainingProcess`` or ``/SubNetwork=SN1/MLTrainingFunction=TF1/MLTrainingRequest=R1``; an MOI
-matches when its LDN ends with the path's last node (a class alone matches every id) under the path's
-leading nodes.
+``|``: ``MLTrainingProcess``, ``MLTrainingFunction=TF1/MLTrainingReport`` or
+``/SubNetwork=SN1/MLTrainingFunction=TF1/MLTrainingRequest=R1``; an MOI matches when its LDN ends with the
+path's last node (a class alone matches every id) and the path's leading nodes name a run of consecutive
+RDNs above it, from the root or from any node below it (each a ``Class=id``, or a ``Class`` for any id).
 """
 
 from __future__ import annotations
@@ -85,20 +86,27 @@ def _depth(ldn: str) -> int:
     return ldn.count("/") + 1
 
 
+def _node_matches(node: str, rdn: str) -> bool:
+    """Whether a node of a filter path (``Class=id``, or ``Class`` for any id) names RDN ``rdn``."""
+    return rdn == node if "=" in node else rdn.partition("=")[0] == node
+
+
 def _filter_matches(flt: str | None, ldn: str) -> bool:
+    """Whether the MOI at ``ldn`` matches filter ``flt`` (see the module docstring)."""
     if not flt or not flt.strip():
         return True
+    rdns = ldn.split("/")
+    above = rdns[:-1]
     for alt in flt.split("|"):
         path = alt.strip().strip("/")
         if not path:
             continue
-        nodes = path.split("/")
-        last = nodes[-1]
-        head = "/".join(nodes[:-1])
-        if head and not ldn.startswith(head + "/"):
+        *head, last = path.split("/")
+        if not _node_matches(last, rdns[-1]):
             continue
-        leaf = ldn.rpartition("/")[2]
-        if ("=" in last and leaf == last) or ("=" not in last and leaf.partition("=")[0] == last):
+        n = len(head)
+        if any(all(_node_matches(h, r) for h, r in zip(head, above[i:i + n], strict=True))
+               for i in range(len(above) - n + 1)):
             return True
     return False
 
