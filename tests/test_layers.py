@@ -9,7 +9,8 @@ The layers, top to bottom (a module may import its own layer and those below it,
                           into a run directory), api.py (run_task), plots.py
     control               control/, runs.py (run directories: config, metrics lines, summaries)
     engines               hfl/, split/, local/, engine.py (the protocol control drives every engine through)
-    bytes, codecs, links  wire/ (the one byte format, state and checkpoints included), compress/, transport/
+    bytes, codecs, links  wire/ (the one byte format, state and checkpoints included), compress/, transport/,
+                          psi/ (private set intersection over any channel)
     tasks, data, models   tasks/, data/, models/
     foundation            errors.py, schema.py, config.py, metrics.py, _lazy.py
 
@@ -40,7 +41,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
                           "sluice.plots"),
     "control": ("sluice.control", "sluice.runs"),
     "engines": ("sluice.hfl", "sluice.split", "sluice.local", "sluice.engine"),
-    "bytes, codecs and links": ("sluice.wire", "sluice.compress", "sluice.transport"),
+    "bytes, codecs and links": ("sluice.wire", "sluice.compress", "sluice.transport", "sluice.psi"),
     "tasks, data and models": ("sluice.tasks", "sluice.data", "sluice.models"),
     "foundation": ("sluice.errors", "sluice.schema", "sluice.config", "sluice.metrics", "sluice._lazy"),
 }

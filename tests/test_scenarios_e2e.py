@@ -14,7 +14,7 @@ import pytest
 from sluice.cli import main
 from sluice.control.monitor import check_criteria
 from sluice.control.params import parse_termination
-from sluice.errors import ConfigError, DataError
+from sluice.errors import ConfigError, DataError, TaskError
 from sluice.jobs import job_from_dict
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -115,18 +115,31 @@ def test_split_takes_a_classification_scenario_by_its_vertical_groups() -> None:
     job = _job("split", "kpi_anomaly", transport={"kind": "inproc"}, pipeline={"groups": 1},
                train={"steps": 4, "eval_every": 2, "batch_size": 32})
     engine = job.build()
-    task = engine.task
-    data = task.table.scenario
-    assert task.leader_columns == list(data.columns(data.vertical[0]))
-    assert task.follower_columns == [list(data.columns(data.vertical[1]))]
-    assert len(task.test_ids) == min(int(data.test.sum()), job.config.train.eval_samples)
+    data = _scenario_of(job)
+    assert _split_columns(job) == [list(data.columns(data.vertical[0])), list(data.columns(data.vertical[1]))]
+    assert len(engine.plan.test_ids) == min(int(data.test.sum()), job.config.train.eval_samples)
     try:
         evals = [e.metrics for e in (engine.iterate() for _ in range(4)) if "anomaly_f1" in e.metrics]
     finally:
         engine.stop()
     assert len(evals) == 2 and all(0 <= m["anomaly_recall"] <= 1 for m in evals)
-    with pytest.raises(DataError, match="needs followers = 1, got 2"):
-        _job("split", "kpi_anomaly", followers=2, transport={"kind": "inproc"}).build().task.leader_columns  # noqa: B018
+    with pytest.raises(TaskError, match="needs followers = 1, got 2"):
+        _job("split", "kpi_anomaly", followers=2, transport={"kind": "inproc"}).build().task  # noqa: B018
+
+
+def _scenario_of(job):
+    from sluice.data.scenarios import load_scenario
+
+    return load_scenario(job.config.data.dataset, dict(job.config.data.scenario), job.config.seed)
+
+
+def _split_columns(job) -> list[list[int]]:
+    """The columns of the leader's table, then of each follower's, as their built-in tasks hold them."""
+    from sluice.split.engine import party_task
+
+    cfg = job.config
+    parties = ["leader", *(f"follower-{i + 1}" for i in range(cfg.followers))]
+    return [[int(c[1:]) for c in party_task(cfg, p).table.columns] for p in parties]
 
 
 def test_split_trains_a_regression_scenario_and_reports_regression_metrics() -> None:
@@ -134,7 +147,7 @@ def test_split_trains_a_regression_scenario_and_reports_regression_metrics() -> 
                train={"steps": 60, "eval_every": 30, "batch_size": 32, "optimizer": "adam", "lr": 0.01})
     engine = job.build()
     task, specs = engine.task, engine.metrics
-    assert task.table.task == "regression" and task.specs["leader.top"]["out"] == 2  # one output per target
+    assert task.kind == "regression" and list(task.top().modules())[-1].out_features == 2  # one per target
     assert {"train_loss", "test_loss", "test_mse", "test_mae", "test_rmse", "energy_error"} <= set(specs)
     assert not {"train_accuracy", "test_accuracy", "test_f1", "test_auc"} & set(specs)
     with pytest.raises(ConfigError, match="unknown metric 'test_accuracy'"):
@@ -148,7 +161,7 @@ def test_split_trains_a_regression_scenario_and_reports_regression_metrics() -> 
     assert last["test_loss"] == last["test_mse"] and last["test_rmse"] == pytest.approx(math.sqrt(last["test_mse"]))
     assert 0 <= last["energy_error"] < 1
     row = {sid: i for i, sid in enumerate(task.table.ids.tolist())}
-    y_train, y_test = (task.table.y[[row[s] for s in ids]] for ids in (task.train_ids, task.test_ids))
+    y_train, y_test = (task.table.y[[row[s] for s in ids]] for ids in (engine.plan.train_ids, engine.plan.test_ids))
     mean_mse = float(np.mean((y_test - y_train.mean(axis=0)) ** 2))  # predicting the training mean
     assert last["test_mse"] < 0.2 * mean_mse
     summary = engine.summary()
@@ -160,11 +173,9 @@ def test_split_takes_the_coverage_signals_by_their_vertical_groups() -> None:
                train={"steps": 4, "eval_every": 2, "batch_size": 32},
                data={"dataset": "coverage", "scenario": {**SMALL["coverage"], "target": "signals"}})
     engine = job.build()
-    task = engine.task
-    data = task.table.scenario
-    assert task.table.task == "regression" and task.specs["leader.top"]["out"] == len(data.target_names) == 3
-    assert task.leader_columns == list(data.columns(data.vertical[0]))
-    assert task.follower_columns == [list(data.columns(data.vertical[1]))]
+    task, data = engine.task, _scenario_of(job)
+    assert task.kind == "regression" and list(task.top().modules())[-1].out_features == len(data.target_names) == 3
+    assert _split_columns(job) == [list(data.columns(data.vertical[0])), list(data.columns(data.vertical[1]))]
     assert {"test_mse", "coverage_error", "rsrp_error"} <= set(engine.metrics)
     try:
         evals = [e.metrics for e in (engine.iterate() for _ in range(4)) if "test_mse" in e.metrics]

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from sluice.cli import main
@@ -36,7 +37,9 @@ def test_split_run_end_to_end(tmp_path):
         assert r["idle_leader_s"] == full["idle_s"]["leader"]
     assert {r["step"] for r in recs if "test_auc" in r} == {2, 5}
     s = json.loads((out / "summary.json").read_text())
-    assert s["topology"] == "6" and s["dataset"] == "breast_cancer" and s["steps"] == 6
+    assert s["topology"] == "6" and s["task"] == "breast_cancer" and s["steps"] == 6
+    assert s["aligned_samples"] == 569 and s["table_rows"] == {"leader": 569, "follower-1": 569}
+    assert s["psi"]["follower-1"]["common"] == 569
     assert s["total_bytes_up"] == sum(r["bytes_up"] for r in recs)
     # what crossed the wire = steps + setup + the goodbye: counted by the link, independently
     link = s["link_bytes"]["follower-1"]
@@ -221,8 +224,9 @@ def test_follower_reports_a_vanished_leader(tmp_path):
     """The follower side of 'never a hang': its leader disappears right after the proposal."""
     import threading
 
+    from sluice.split.engine import party_task
+    from sluice.split.plan import agree_rows, hello_for, make_plan, proposal_for
     from sluice.split.runner import serve_follower
-    from sluice.split.task import build_task, proposal_for
     from sluice.transport.grpc_link import connect
     from sluice.wire.tensor import ControlMsg, decode, encode_control
 
@@ -244,8 +248,12 @@ def test_follower_reports_a_vanished_leader(tmp_path):
     while not ready.exists() and time.monotonic() < end:
         time.sleep(0.02)
     link = connect(ready.read_text(), 10)
-    link.send(encode_control("propose", proposal_for(build_task(cfg), 0, 2, tls=False)))
-    accept = {"name": "follower-1", "params": 1200, "secure": False}
+    link.send(encode_control("hello", hello_for(cfg, "follower-1")))
+    assert decode(link.recv(20)) == ControlMsg("ready", {"rows": 569})
+    table = party_task(cfg, "leader").table
+    plan = make_plan(cfg, *agree_rows(cfg, table, np.arange(len(table.ids))))
+    link.send(encode_control("propose", proposal_for(plan, 0, 2, tls=False, allow_batch_coupled=False)))
+    accept = {"name": "follower-1", "params": 1200, "secure": False, "out_shape": [16]}
     assert decode(link.recv(20)) == ControlMsg("accept", accept)
     t0 = time.perf_counter()
     link.abort()  # the leader process is gone

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -10,6 +11,7 @@ from sluice.control.process import TrainingProcess, train
 from sluice.errors import ConfigError, NegotiationError, TrainingError
 from sluice.split import SplitConfig, SplitEngine, reference_train
 from sluice.split.models import linear_layers
+from sluice.split.plan import agree_rows
 
 
 def _cfg(**kw) -> SplitConfig:
@@ -47,12 +49,13 @@ def test_data_amount_limits_the_rows_all_parties_train_on(req, rows):
     assert report.cause == Cause.CRITERION_MET and report.iterations == 4
     assert engine.num_samples == rows
     leader = engine.leader
-    assert leader is not None and len(leader.task.train_ids) == len(leader.y) == rows
+    assert leader is not None and len(leader.plan.train_ids) == len(leader.y) == rows
     # the follower got exactly these ids in the proposal: the first rows in the agreed order
-    assert _follower_ids(engine) == leader.task.train_ids == SplitEngine(_cfg()).task.train_ids[:rows]
+    every = agree_rows(_cfg(), engine.task.table, np.arange(len(engine.task.table.ids)))[0]
+    assert _follower_ids(engine) == leader.plan.train_ids == every[:rows]
     assert all(int(r["batch"]) <= 64 for r in engine.records)
     # batches only ever index the rows in use
-    assert max(int(leader.plan.batch(s).max()) for s in range(4)) < rows
+    assert max(int(leader.batches.batch(s).max()) for s in range(4)) < rows
 
 
 def test_too_little_data_is_refused_before_training_and_the_followers_end():

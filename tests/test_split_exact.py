@@ -9,7 +9,7 @@ from sluice.config import load_config
 from sluice.data.datasets import raw_dataset
 from sluice.errors import ConfigError
 from sluice.split import SplitConfig, reference_train, run_inprocess
-from sluice.split.data import default_columns, load_table
+from sluice.tasks.split_builtin import builtin_split, mlp
 
 
 def _cfg(**kw) -> SplitConfig:
@@ -122,33 +122,40 @@ def test_batchnorm_is_refused_unless_allowed():
 
 
 def test_check_exact_names_the_layers():
-    from sluice.split.models import build_mlp, check_exact, mlp_spec
+    from sluice.split.models import check_exact
 
-    m = build_mlp(mlp_spec(4, [5], 3, "relu", True, True, "float32"), 0)
+    m = mlp(4, [5], 3, "relu", True, True, "float32")
     with pytest.raises(ConfigError, match="BatchNorm1d|1"):
         check_exact(m, "follower-1.bottom", 4, allow=False)
     check_exact(m, "follower-1.bottom", 1, allow=False)
     check_exact(m, "follower-1.bottom", 4, allow=True)
 
 
+def _columns(dataset: str = "breast_cancer", topology: str = "6", followers: int = 1) -> list[list[int]]:
+    """The columns each party's built-in task holds: the leader's, then each follower's."""
+    parties = ["leader", *(f"follower-{i + 1}" for i in range(followers))]
+    tables = [builtin_split(dataset, party=p, followers=followers, topology=topology).table for p in parties]
+    return [[int(c[1:]) for c in t.columns] for t in tables]
+
+
 def test_fate_split_of_breast_cancer_and_image_halves_of_digits():
-    cfg = SplitConfig()
-    lead, fol = default_columns(cfg, load_table(cfg.data, 0))
-    assert lead == list(range(10)) and fol == [list(range(10, 30))]
-    cfg = SplitConfig.model_validate({"data": {"dataset": "digits"}, "followers": 2})
-    lead, fol = default_columns(cfg, load_table(cfg.data, 0))
+    assert _columns() == [list(range(10)), list(range(10, 30))]
+    lead, *fol = _columns("digits", followers=2)
     assert all(c % 8 < 4 for c in lead) and len(lead) == 32
     assert all(c % 8 in (4, 5) for c in fol[0]) and all(c % 8 in (6, 7) for c in fol[1])
-    cfg = SplitConfig.model_validate({"topology": "4A", "followers": 3})
-    lead, fol = default_columns(cfg, load_table(cfg.data, 0))
+    lead, *fol = _columns(topology="4A", followers=3)
     assert lead == [] and sorted(sum(fol, [])) == list(range(30))
 
 
 @pytest.mark.parametrize("dataset", ["breast_cancer", "digits"])
 def test_tables_hold_the_embedded_datasets_raw_rows_in_order(dataset):
-    """Split training reads the same raw samples as the other engines, unscaled, with ids in row order."""
-    table = load_table(SplitConfig.model_validate({"data": {"dataset": dataset}}).data, 0)
+    """Split training reads the same raw samples as the other engines, unscaled, with ids in row order: the
+    leader's and the follower's tables together hold every column."""
+    lead, fol = (builtin_split(dataset, party=p).table for p in ("leader", "follower-1"))
     X, y = raw_dataset(dataset)
-    assert np.array_equal(table.X, X) and np.array_equal(table.y, y)
-    assert table.X.dtype == np.float64 and table.X.flags.writeable
-    assert table.ids[0] == f"{dataset}-000000" and len(table.ids) == len(y)
+    cols = [int(c[1:]) for c in lead.columns + fol.columns]
+    assert np.array_equal(np.concatenate([lead.X, fol.X], axis=1), X[:, cols])
+    assert sorted(cols) == list(range(X.shape[1]))
+    assert np.array_equal(lead.y, y) and fol.y is None
+    assert lead.X.dtype == np.float64 and np.array_equal(lead.ids, fol.ids)
+    assert lead.ids[0] == f"{dataset}-000000" and len(lead.ids) == len(y)

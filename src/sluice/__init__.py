@@ -2,7 +2,9 @@
 
 The public Python API: :class:`Task` (the model and the data a job trains), :class:`Partition` (how Sluice
 splits one dataset among clients) and :func:`run_task` (train a task as ``sluice run`` or ``sluice local``
-would). Everything else may change between versions.
+would); for split (vertical) training, :class:`SplitTask` (one party's share: its table and its parts),
+:class:`Table` and :func:`read_table` (a party's own rows from CSV or Parquet). Everything else may change
+between versions.
 """
 
 from __future__ import annotations
@@ -13,10 +15,13 @@ from sluice._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from sluice.api import run_task
+    from sluice.tasks.split import SplitTask
+    from sluice.tasks.table import Table, read_table
     from sluice.tasks.task import Partition, Task
 
 __version__ = "0.1.0"
 
-__all__ = ["Partition", "Task", "__version__", "run_task"]
+__all__ = ["Partition", "SplitTask", "Table", "Task", "__version__", "read_table", "run_task"]
 
-__getattr__ = lazy_exports(__name__, {"Partition": "tasks.task", "Task": "tasks.task", "run_task": "api"})
+__getattr__ = lazy_exports(__name__, {"Partition": "tasks.task", "Task": "tasks.task", "run_task": "api",
+                                      "SplitTask": "tasks.split", "Table": "tasks.table", "read_table": "tasks.table"})

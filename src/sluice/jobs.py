@@ -70,7 +70,7 @@ ENGINE_KINDS: dict[str, EngineKind] = {
         EngineKind("local", "sluice.local.config:LocalConfig", "sluice.local:engine_from_config",
                    lambda c: f"local-{c.task.label or c.data.dataset + '-mlp'}"),
         EngineKind("split", "sluice.split.config:SplitConfig", "sluice.split:engine_from_config",
-                   lambda c: f"split-{c.data.dataset}-{c.topology}"),
+                   lambda c: f"split-{c.task.label or c.data.dataset}-{c.topology}"),
     )
 }
 """Every engine kind a job may name: the engines' own, and those a layer above adds with

@@ -14,6 +14,7 @@ version, type), ``[requirements]`` and ``[termination]``; the run directory gets
 from __future__ import annotations
 
 import argparse
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -92,13 +93,22 @@ def _lead(args: argparse.Namespace, command: str, connect: list[str] | None) -> 
 
     def describe(engine: Any) -> str:
         where = f"followers at {', '.join(connect)}" if connect else f"transport {cfg.transport.kind}"
-        return (f"[bold]sluice split {command}[/]: {cfg.data.dataset}, topology {cfg.topology}, {cfg.followers} "
-                f"follower(s), {engine.default_iterations} steps planned, batch {cfg.train.batch_size}, "
-                f"G={cfg.pipeline.groups}, {where}")
+        plan = engine.plan
+        return (f"[bold]sluice split {command}[/]: {engine.task.name}, topology {cfg.topology}, {cfg.followers} "
+                f"follower(s), {len(plan.train_ids) + len(plan.test_ids):,} aligned rows of the leader's "
+                f"{len(engine.task.table.ids):,}, {engine.default_iterations} steps planned, batch "
+                f"{cfg.train.batch_size}, G={cfg.pipeline.groups}, {where}")
 
-    names = [s.name for s in engine.scenario_metrics()]
-    return run_job(job, str(out), console=Console(), unit="step", prefix="split", summarize=summarize,
-                   plot=lambda records, run_dir: plot(records, run_dir, names), describe=describe, engine=engine)
+    names = [n for n in engine.metrics if not n.startswith(("train_", "test_")) and n != "idle_leader_s"]
+    existed = out.exists()
+    try:
+        return run_job(job, str(out), console=Console(), unit="step", prefix="split", summarize=summarize,
+                       plot=lambda records, run_dir: plot(records, run_dir, names), describe=describe, engine=engine)
+    except BaseException:
+        engine.stop()  # followers started for a task refused before training end here
+        if not existed and not (out / "report.json").exists():  # nothing trained: nothing left behind
+            shutil.rmtree(out, ignore_errors=True)
+        raise
 
 
 def _run(args: argparse.Namespace) -> int:

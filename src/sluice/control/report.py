@@ -67,6 +67,8 @@ class TrainingReport(BaseModel):
     data_refused: list[str] = Field(default_factory=list, description="data the engine refused, and why")
     clients: list[ClientReport] = Field(default_factory=list, description="per client of a federated engine: "
                                         "its part in training (:mod:`sluice.control.clients`)")
+    data: dict[str, Any] = Field(default_factory=dict, description="what the engine says of the rows it trained "
+                                 "on (split training: aligned_samples and each party's table_rows)")
     termination: Termination | None = Field(None, description="the termination parameters in force")
     requirements: Requirements | None = Field(None, description="the training requirements in force")
 
@@ -128,6 +130,8 @@ class TrainingReport(BaseModel):
                         else f"{self.estimated_remaining_iterations_high}") + ")")),
             ("est. remaining time", num(self.estimated_remaining_s, ".1f", " s")),
         ]
+        rows += [(k, ", ".join(f"{n} {x:,}" for n, x in v.items()) if isinstance(v, dict) else f"{v:,}")
+                 for k, v in self.data.items()]
         if self.estimate_note:
             rows.append(("estimate", self.estimate_note))
         if self.bytes_up or self.bytes_down:

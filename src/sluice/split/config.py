@@ -4,29 +4,39 @@ Every option has a default that runs: breast cancer split as FATE does (leader x
 one follower x10-x29), topology 6 (leader bottom + follower bottom -> leader top), G chosen
 automatically, leader and follower in separate processes over loopback gRPC.
 
-A scenario is split by its own vertical feature groups (:mod:`sluice.split.data`), sized by
-``[data.scenario]``: a classification one (``kpi_anomaly``, ``coverage`` with ``target = "problems"``)
-trains with cross-entropy, a regression one (``energy``, ``coverage`` with ``target = "signals"``) with
-the mean squared error over its standardised targets and reports ``test_mse``, ``test_mae``, ``test_rmse``.
+``[task]`` is this party's own task (:mod:`sluice.tasks.split`): a built-in split task (by default the one
+``[data] dataset`` names, its parts MLPs of ``[model]``) or ``factory = "package.module:function"``. A
+follower's task is its own ``[task]`` (``sluice split party --role follower``); ``sluice split run``, which
+starts the followers on this machine, gives follower ``name`` the section ``[follower_tasks.<name>]``, else
+the leader's ``[task]`` (a factory then gets ``party = "<name>"``). The leader never sends a task to a
+follower: the parties find the ids they share by private set intersection and agree on the rows.
+
+A built-in scenario is split by its own vertical feature groups, sized by ``[data.scenario]``: a
+classification one (``kpi_anomaly``, ``coverage`` with ``target = "problems"``) trains with cross-entropy, a
+regression one (``energy``, ``coverage`` with ``target = "signals"``) with the mean squared error over its
+standardised targets and reports ``test_mse``, ``test_mae``, ``test_rmse``.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from sluice.data.config import ScenarioTable
-from sluice.schema import Section
+from sluice.schema import DEVICE_PATTERN, Section
+from sluice.tasks.config import SPLIT_BUILTIN_NAMES, SplitTaskConfig
 
 from .topology import TOPOLOGIES, TopologyName
 
-DatasetName = Literal["breast_cancer", "digits", "classification", "coverage", "energy", "kpi_anomaly"]
-
 
 class SplitDataConfig(Section):
-    dataset: DatasetName = "breast_cancer"
-    test_fraction: float = Field(0.2, gt=0, lt=1)
+    dataset: str = Field("breast_cancer", description="the built-in split task when [task] names none: "
+                         + ", ".join(SPLIT_BUILTIN_NAMES))
+    test_fraction: float = Field(0.2, gt=0, lt=1, description="share of the aligned rows held out for testing "
+                                 "(stratified by the leader's labels), unless the leader's table marks its own")
+    min_common_ids: int = Field(10, ge=2, description="fewest ids every party must share (else refused before "
+                                "training)")
     # make_classification ("classification") only
     n_samples: int = Field(20_000, ge=20)
     n_features: int = Field(64, ge=2)
@@ -39,6 +49,14 @@ class SplitDataConfig(Section):
         None, description="feature columns of each follower (default: per dataset and topology)"
     )
     scenario: ScenarioTable = Field(default_factory=dict)
+
+    @field_validator("dataset")
+    @classmethod
+    def _builtin(cls, v: str) -> str:
+        if v not in SPLIT_BUILTIN_NAMES:
+            raise ValueError(f"must be one of {', '.join(SPLIT_BUILTIN_NAMES)} (a built-in split task; your own "
+                             "tables: [task] factory)")
+        return v
 
 
 class SplitModelConfig(Section):
@@ -73,6 +91,8 @@ class SplitTrainConfig(Section):
     weight_decay: float = Field(0.0, ge=0)
     eval_every: int = Field(10, ge=0, description="evaluate every N steps and after the last (0: last only)")
     eval_samples: int = Field(2000, ge=1, description="at most this many test samples per evaluation")
+    device: str = Field("cpu", pattern=DEVICE_PATTERN, description="where this party's parts train: auto, cpu, "
+                        "cuda or cuda:N (each party its own)")
 
 
 class PipelineConfig(Section):
@@ -138,10 +158,6 @@ class PartyPolicy(Section):
     """What a follower accepts when the leader proposes a task (``sluice split party``)."""
 
     name: str = "follower"
-    datasets: list[DatasetName] = Field(default_factory=lambda: [
-        "breast_cancer", "digits", "classification", "coverage", "energy", "kpi_anomaly"])
-    columns: list[int] | None = Field(None, description="columns this party holds (None: any)")
-    missing_ids: list[str] = Field(default_factory=list, description="sample ids this party does not hold")
     require_tls: bool = False
     max_params: int = Field(50_000_000, ge=1)
     max_steps: int = Field(10_000_000, ge=1)
@@ -157,6 +173,24 @@ class SplitConfig(Section):
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
     transport: TransportConfig = Field(default_factory=TransportConfig)
     party: PartyPolicy = Field(default_factory=PartyPolicy)
+    task: SplitTaskConfig = Field(default_factory=SplitTaskConfig)
+    follower_tasks: dict[str, SplitTaskConfig] = Field(
+        default_factory=dict, description="sluice split run: the task of each follower it starts, by name "
+        "(follower-1...); default: [task]")
+
+    def task_of(self, party: str) -> SplitTaskConfig:
+        """The ``[task]`` section ``party`` trains (``"leader"`` or a follower's name)."""
+        return self.task if party == "leader" else self.follower_tasks.get(party, self.task)
+
+    def builtin_args(self) -> dict[str, Any]:
+        """What a built-in split task takes from ``[data]`` and ``[model]``."""
+        d, m = self.data, self.model
+        return {"dataset": d.dataset, "n_samples": d.n_samples, "n_features": d.n_features,
+                "n_informative": d.n_informative, "n_classes": d.n_classes, "leader_columns": d.leader_columns,
+                "follower_columns": d.follower_columns, "scenario": dict(d.scenario),
+                "bottom_hidden": list(m.bottom_hidden), "embedding": m.embedding, "top_hidden": list(m.top_hidden),
+                "middle_hidden": list(m.middle_hidden), "activation": m.activation, "batch_norm": m.batch_norm,
+                "dtype": m.dtype}
 
     @field_validator("topology", mode="before")
     @classmethod
@@ -169,6 +203,9 @@ class SplitConfig(Section):
         if self.followers > most:
             raise ValueError(f"topology {self.topology} has at most {most} follower(s); set followers <= {most}"
                              + (" (U-shape: the follower holds model B)" if TOPOLOGIES[self.topology].u_shape else ""))
+        unknown = sorted(set(self.follower_tasks) - {f"follower-{i + 1}" for i in range(self.followers)})
+        if unknown:
+            raise ValueError(f"follower_tasks names {unknown}; the followers are follower-1..follower-{self.followers}")
         if (
             self.model.batch_norm
             and not self.model.allow_batch_coupled

@@ -14,9 +14,13 @@ for classification, accuracy) of the batch, G, per-party idle and busy seconds, 
 counts, bytes each way, test metrics when evaluated (the events only carry the numbers the control plane
 watches).
 
-``start`` builds the links (starting follower threads or processes) and the leader; the first ``iterate``
-proposes the task (so ``limit_samples`` and ``set_trainable_layers`` may still be called after ``start``),
-chooses G and runs step 0. The task is proposed for :attr:`~SplitEngine.default_iterations` steps (the
+The leader's own task comes from ``[task]`` (:mod:`sluice.tasks.split`); an in-process follower loads
+``[follower_tasks.<name>]`` (else ``[task]``) when the leader's ``hello`` names it, as a follower process does
+from its own ``party.toml``. ``start`` builds the links (starting follower threads or processes) and the
+leader, and aligns the rows (every follower loads its task, then the private set intersection of the ids);
+the first ``iterate`` proposes the task (so ``limit_samples`` and ``set_trainable_layers`` may still be called
+after ``start``), chooses G and runs step 0. ``default_iterations`` and ``num_samples`` depend on the aligned
+rows and start the engine. The task is proposed for :attr:`~SplitEngine.default_iterations` steps (the
 plan: evaluation runs after the last of them); the control plane may stop it earlier (the followers stop
 at once) or go on (the leader extends the task by one epoch at a time). ``stop`` ends the task -- at any
 point, even before the proposal -- and ends every process and thread ``start`` began, also after a
@@ -40,29 +44,39 @@ from typing import Any
 import numpy as np
 import torch
 
-from sluice.data.scenarios import SCENARIO_NAMES
 from sluice.engine import IterationEvent
 from sluice.errors import ConfigError, TrainingError
-from sluice.metrics import CLASSIFICATION, REGRESSION, MetricSpec, declare
+from sluice.metrics import MetricSpec
+from sluice.tasks.split import SplitTask, load_split_task
 from sluice.transport.link import Link
 
 from .config import SplitConfig
 from .follower import Follower
 from .leader import Leader
 from .links import FollowerProcesses, connect_followers, emulated_links
-from .models import import_optimizer_modules
+from .models import import_optimizer_modules, linear_layers
 from .party import fail_peers
 from .schedule import Decision
-from .task import Task, build_task
 
 Record = dict[str, Any]
 FollowerHook = Callable[[int, Follower], None]
 
-METRICS = {
-    "classification": ("train_loss", "train_accuracy", *CLASSIFICATION, "test_auc"),
-    "regression": ("train_loss", *REGRESSION),
-}
-"""What the leader reports, by the task of its table (classification or regression)."""
+
+def party_task(cfg: SplitConfig, party: str) -> SplitTask:
+    """The task ``party`` (``"leader"`` or a follower's name) of ``cfg`` trains, loaded here."""
+    return load_split_task(cfg.task_of(party), seed=cfg.seed, party=party, followers=cfg.followers,
+                           topology=cfg.topology, builtin_args=cfg.builtin_args())
+
+
+def task_loader(cfg: SplitConfig) -> Callable[[dict[str, Any]], SplitTask]:
+    """How a follower of ``cfg`` loads its own task from the leader's ``hello``."""
+
+    def load(hello: dict[str, Any]) -> SplitTask:
+        mine = cfg.model_copy(update={"seed": int(hello["seed"]), "topology": str(hello["topology"]),
+                                      "followers": int(hello["followers"])})
+        return party_task(mine, str(hello["follower"]))
+
+    return load
 
 
 class SplitEngine:
@@ -96,8 +110,8 @@ class SplitEngine:
         self.trace = trace
         self.follower_hook = follower_hook
         self._steps = steps
-        self._task: Task | None = None
-        self._scenario_specs: list[MetricSpec] | None = None
+        self._task: SplitTask | None = None
+        self._metrics: dict[str, MetricSpec] | None = None
         self.leader: Leader | None = None
         self.followers: list[Follower] = []
         self.records: list[Record] = []
@@ -117,46 +131,52 @@ class SplitEngine:
     # -- what the control plane asks ---------------------------------------------------------------
     @property
     def metrics(self) -> dict[str, MetricSpec]:
-        """:data:`METRICS` of the task, ``idle_leader_s`` and, on a scenario, its type-specific errors."""
-        return declare(self._metric_names, [MetricSpec("idle_leader_s", False, 0.0), *self.scenario_metrics()])
+        """What the leader's task reports (:meth:`SplitTask.declared_metrics` on the test rows; before the
+        rows are agreed, on every row of its table) and ``idle_leader_s``."""
+        aligned = self.leader is not None and self.leader.plan is not None
+        if aligned and self._metrics is not None:
+            return self._metrics
+        rows = self.leader.test_rows if aligned else np.arange(len(self.task.table.ids) if self.task.table else 0)
+        out = self.task.declared_metrics(rows, [MetricSpec("idle_leader_s", False, 0.0)])
+        if aligned:
+            self._metrics = out
+        return out
 
     @property
-    def _metric_names(self) -> tuple[str, ...]:
-        return METRICS[self.task.table.task]
-
-    def scenario_metrics(self) -> list[MetricSpec]:
-        """The specs of the type-specific errors the leader evaluates (none off a scenario)."""
-        if self.cfg.data.dataset not in SCENARIO_NAMES:
-            return []
-        if self._scenario_specs is not None:
-            return self._scenario_specs
-        from sluice.data.federated import specs_of
-        from sluice.data.scenarios import get_spec
-
-        task = self.task
-        specs = specs_of(task.table.metric_fns(task.test_ids), get_spec(self.cfg.data.dataset).metric_specs)
-        self._scenario_specs = list(specs)
-        return self._scenario_specs
+    def model_type(self) -> str | None:
+        return self.task.model_type
 
     counts_bytes = True
 
     @property
-    def task(self) -> Task:
-        """The task as the leader defines it from the config (built on first use)."""
+    def task(self) -> SplitTask:
+        """The leader's own task (loaded on first use)."""
         if self._task is None:
-            self._task = build_task(self.cfg, self._steps)
+            self._task = party_task(self.cfg, "leader")
         return self._task
 
     @property
+    def plan(self) -> Any:
+        """The agreed rows and the schedule (:class:`~sluice.split.plan.Plan`); starts the engine."""
+        self.start()
+        assert self.leader is not None and self.leader.plan is not None
+        return self.leader.plan
+
+    @property
+    def _aligned(self) -> int:
+        assert self.leader is not None
+        return self.leader.aligned
+
+    @property
     def default_iterations(self) -> int:
-        """The planned steps: ``steps``, else ``train.steps``, else ``train.epochs`` epochs of the training
-        rows the config gives."""
-        return self.task.steps
+        """The planned steps: ``steps``, else ``train.steps``, else ``train.epochs`` epochs of the aligned
+        training rows."""
+        return self.plan.steps
 
     @property
     def num_samples(self) -> int:
         """Training rows in use."""
-        n = len(self.task.train_ids)
+        n = len(self.plan.train_ids)
         return n if self._limit is None else min(n, self._limit)
 
     def limit_samples(self, n: int) -> None:
@@ -171,7 +191,11 @@ class SplitEngine:
     @property
     def num_layers(self) -> int:
         """Linear layers of the leader's top model (the part a ``layers`` requirement applies to)."""
-        return len(self.task.specs["leader.top"]["hidden"]) + 1
+        if self.leader is not None:
+            return len(linear_layers(self.leader.top))
+        from sluice.tasks.split import build_part
+
+        return len(linear_layers(build_part(self.task, "top", self.cfg.seed, "leader.top")))
 
     def set_trainable_layers(self, layers: int) -> None:
         """Train only the last ``layers`` linear layers of the leader's top model; its earlier layers stay
@@ -204,8 +228,8 @@ class SplitEngine:
         import_optimizer_modules()  # before the followers wait for the proposal
         links: dict[str, Link] = {}
         try:
-            links = self._links(task)
-            self.leader = Leader(cfg, links, task)
+            links = self._links()
+            self.leader = Leader(cfg, links, task, self._steps)
             if self._resume is not None:
                 self.leader.on_negotiated = self._load_resume
             if self._limit is not None:
@@ -215,17 +239,21 @@ class SplitEngine:
             if self.trace:
                 self.leader.trace = []
             self._serve_followers()
-        except BaseException:
+            self.leader.align()
+        except BaseException as exc:
+            if self.leader is not None:
+                fail_peers(self.leader, exc)
             for link in links.values():
                 link.close()
-            self._release(0.0)
+            self._release(3.0)
             self.leader, self.followers = None, []
             raise
 
-    def _links(self, task: Task) -> dict[str, Link]:
+    def _links(self) -> dict[str, Link]:
         """The leader's links: to in-process followers (started by :meth:`_serve_followers`), to follower
         processes it starts, or to the followers at ``connect``."""
-        cfg, names = self.cfg, task.follower_names
+        cfg = self.cfg
+        names = [f"follower-{i + 1}" for i in range(cfg.followers)]
         if self.connect is not None:
             return connect_followers(cfg, names, self.connect)
         if cfg.transport.kind == "grpc":
@@ -236,7 +264,8 @@ class SplitEngine:
             return connect_followers(cfg, names, self._procs.addresses)
         links, ends = emulated_links(cfg, names)
         for end in ends:
-            f = Follower(end, cfg.party, cfg.transport.timeout_s, cfg.pipeline.queue_threshold_bytes)
+            f = Follower(end, cfg.party, cfg.transport.timeout_s, cfg.pipeline.queue_threshold_bytes,
+                         load=task_loader(cfg), device=cfg.train.device)
             if self.trace:
                 f.trace = []
             self.followers.append(f)
@@ -288,8 +317,7 @@ class SplitEngine:
         anomaly, detail = None, ""
         if not math.isfinite(rec["loss"]):
             anomaly, detail = "DIVERGED", f"the training loss of step {s} is {rec['loss']}"
-        metrics.update({k: rec[k] for k in self._metric_names if k in rec and k.startswith("test_")})
-        metrics.update({s.name: rec[s.name] for s in self.scenario_metrics() if s.name in rec})
+        metrics.update({k: rec[k] for k in self.metrics if k in rec and k not in ("train_loss", "train_accuracy")})
         metrics["idle_leader_s"] = rec["idle_s"]["leader"]
         return IterationEvent(
             iteration=s, metrics=metrics, bytes_up=rec["bytes_up"], bytes_down=rec["bytes_down"],
@@ -413,6 +441,16 @@ class SplitEngine:
         return str(p)
 
     # -- what a run reports --------------------------------------------------------------------------
+    def data_report(self) -> dict[str, Any]:
+        """What the report says of the rows: the ids every party shares (``aligned_samples``), of them those
+        trained on and tested on, and each party's table size (empty before the rows are agreed)."""
+        leader = self.leader
+        if leader is None or leader.plan is None:
+            return {}
+        plan = leader.plan
+        return {"aligned_samples": self._aligned, "train_samples": len(plan.train_ids),
+                "test_samples": len(plan.test_ids), "table_rows": dict(leader.rows)}
+
     def states(self) -> dict[str, dict[str, torch.Tensor]]:
         """Copies of the weights of every part this process holds (part name -> state dict)."""
         if self.leader is None:
@@ -441,8 +479,7 @@ class SplitEngine:
         if wall_s is None:
             wall_s = time.perf_counter() - self._t0
         if leader is None:
-            return {"topology": self.cfg.topology, "dataset": self.cfg.data.dataset, "steps": 0,
-                    "wall_s": round(wall_s, 3)}
+            return {"topology": self.cfg.topology, "task": self.task.name, "steps": 0, "wall_s": round(wall_s, 3)}
         steady = records[1:] if len(records) > 2 else records
         evals = [r for r in records if "test_loss" in r]
         last = evals[-1] if evals else {}
@@ -457,14 +494,16 @@ class SplitEngine:
             op_means[p] = {k: mean([r["op_s"][p].get(k, [0.0])[0] for r in steady]) for k in names}
         out: dict[str, Any] = {
             "topology": self.cfg.topology,
-            "dataset": self.cfg.data.dataset,
+            "task": self.task.name,
             "followers": leader.followers,
-            "train_samples": len(leader.task.train_ids),
+            "table_rows": leader.rows,
+            "aligned_samples": self._aligned,
+            "psi": leader.psi,
+            "train_samples": len(leader.plan.train_ids),
             "steps": len(records),
             "groups": leader.groups,
             "final_loss": records[-1]["loss"] if records else None,
-            **{f"final_{k}": last.get(k) for k in self._metric_names if k.startswith("test_")},
-            **{f"final_{s.name}": last.get(s.name) for s in self.scenario_metrics()},
+            **{f"final_{k}": last.get(k) for k in self.metrics if k in last},
             "mean_step_time_s": mean([r["step_time_s"] for r in steady]),
             "mean_idle_s": {p: mean([r["idle_s"][p] for r in steady]) for p in parties},
             "mean_op_s": op_means,

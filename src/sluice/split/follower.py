@@ -1,48 +1,47 @@
-"""The follower: judges the leader's proposal, then trains its part of the model step after step.
+"""The follower: loads its own task, answers the private set intersection, judges the leader's proposal,
+then trains its part of the model step after step.
 
-Lifecycle: ``propose`` -> ``accept`` or ``refuse`` (with the reason) -> setup requests (``profile_req``,
-``ping``, link probes) -> ``start`` (with G) -> the planned steps, each followed by ``step_done`` ->
-``extend`` (more steps) or ``stop``. The leader may send ``stop`` at any point, even before the proposal;
-the follower then abandons the step it is in (its weights keep the last finished step) and answers
-``bye``.
+Lifecycle: ``hello`` -> this party loads its own task (``ready`` with its table's size, or ``refuse`` with the
+reason) -> ``psi`` (answer one intersection of the leader's ids with this party's; topologies where followers
+hold features) -> ``propose`` -> ``accept`` (its part's size and the shape of what it sends) or ``refuse``
+(with the reason) -> setup requests (``profile_req``, ``ping``, link probes) -> ``start`` (with G) -> the
+planned steps, each followed by ``step_done`` -> ``extend`` (more steps) or ``stop``. The leader may send
+``stop`` at any point, even before the proposal; the follower then abandons the step it is in (its weights
+keep the last finished step) and answers ``bye``.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
 from sluice.errors import DataError, NegotiationError, SluiceError
+from sluice.models.device import resolve_device
+from sluice.tasks.split import SplitTask, build_part
 from sluice.transport.link import Link
 from sluice.wire.tensor import encode_tensor
 
-from .config import PartyPolicy, SplitDataConfig
-from .data import load_table, party_data
+from .config import PartyPolicy
+from .data import party_data
 from .grouping import linear_fit, profile_sizes, split_batch
-from .models import batch_coupled_layers, build_mlp, make_optimizer, num_params, part_seed, torch_dtype
-from .party import Stopped, Worker, fail_peers, to_tensor
+from .models import batch_coupled_layers, make_optimizer
+from .party import Stopped, Worker, fail_peers
+from .plan import PROTOCOL, BatchPlan, eval_due
 from .schedule import Op
-from .task import PROTOCOL, BatchPlan, eval_due
 from .topology import In, OpSpec, eval_tag, topology
+
+TaskLoader = Callable[[dict[str, Any]], SplitTask]
+"""How a follower loads its own task from the leader's ``hello`` (its name, the topology, the seed...)."""
 
 
 def judge(policy: PartyPolicy, proposal: dict[str, Any], secure: bool) -> str | None:
-    """Why this party refuses ``proposal`` (``None``: acceptable). Sample ids are checked later, with data."""
+    """Why this party refuses ``proposal`` (``None``: acceptable). Its part and rows are checked later."""
     if proposal.get("protocol") != PROTOCOL:
         return f"protocol version {proposal.get('protocol')} is not supported (this party speaks {PROTOCOL})"
-    ds = proposal["dataset"]["dataset"]
-    if ds not in policy.datasets:
-        return f"dataset {ds!r} is not offered here (offered: {', '.join(policy.datasets)})"
-    if policy.columns is not None:
-        extra = sorted(set(proposal["columns"]) - set(policy.columns))
-        if extra:
-            return f"columns {extra[:8]} are not held here (held: {sorted(policy.columns)[:8]}...)"
-    n = num_params(proposal["model"])
-    if n > policy.max_params:
-        return f"the proposed model part has {n} parameters; this party allows at most {policy.max_params}"
     steps = int(proposal["steps"])
     if steps > policy.max_steps:
         return f"{steps} steps proposed; this party allows at most {policy.max_steps}"
@@ -51,22 +50,31 @@ def judge(policy: PartyPolicy, proposal: dict[str, Any], secure: bool) -> str | 
     if bool(proposal.get("tls")) != secure:
         state = "encrypted" if secure else "not encrypted"
         return f"the proposal says tls={proposal.get('tls')} but the connection is {state}"
-    coupled = proposal["model"].get("batch_norm") and proposal.get("groups") != 1
-    if coupled and not proposal.get("allow_batch_coupled"):
-        return "BatchNorm in a bottom model with G > 1 would not give the full-batch update"
     return None
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, DataError):
+        return f"sample ids do not match: {exc}"
+    if isinstance(exc, SluiceError):
+        return str(exc)
+    return f"malformed message ({type(exc).__name__}: {exc})"
 
 
 class Follower(Worker):
     """A party holding some feature columns (4A, 6) or the middle model (5), serving one leader's task."""
 
     def __init__(
-        self, link: Link, policy: PartyPolicy, timeout_s: float, threshold: int | None = None
+        self, link: Link, policy: PartyPolicy, timeout_s: float, threshold: int | None = None, *,
+        load: TaskLoader, device: str = "cpu",
     ) -> None:
         super().__init__("follower", {"leader": link}, timeout_s, threshold)
         torch.set_num_threads(1)
         self.policy = policy
         self.link = link
+        self.load = load
+        self.device = resolve_device(device)
+        self.task: SplitTask | None = None
         self.model: torch.nn.Module | None = None
         self.proposal: dict[str, Any] = {}
         self.steps_done = 0
@@ -74,60 +82,94 @@ class Follower(Worker):
         self.saved: dict[int, Any] = {}
 
     # -- negotiation -----------------------------------------------------------------------------
+    def _refuse(self, reason: str) -> None:
+        self.send_control("leader", "refuse", {"reason": reason})
+        self.link.flush(2.0)
+        raise NegotiationError(f"refused the task of the leader: {reason}")
+
     def negotiate(self) -> None:
-        msg = self.wait_control("leader", ("propose", "stop"), "the task proposal")
+        """``hello`` (load this party's task), the intersections the leader asks for, then the proposal."""
+        msg = self.wait_control("leader", ("hello", "stop"), "the leader's hello")
         if msg.type == "stop":
             raise Stopped
+        try:
+            if msg.body.get("protocol") != PROTOCOL:
+                raise NegotiationError(f"protocol version {msg.body.get('protocol')} is not supported (this party "
+                                       f"speaks {PROTOCOL})")
+            self.name = str(msg.body["follower"])
+            self.task = self.load(msg.body)
+            self.topo = topology(msg.body["topology"])
+            if self.topo.follower_features and self.task.table is None:
+                raise NegotiationError(f"task {self.task.name!r} has no table, and in topology {self.topo.name} "
+                                       "a follower holds features")
+        except (SluiceError, KeyError, TypeError, ValueError) as exc:
+            self._refuse(_reason(exc))
+        table = self.task.table
+        self.send_control("leader", "ready", {"rows": 0 if table is None else len(table.ids)})
+        while True:
+            msg = self.wait_control("leader", ("psi", "propose", "stop"), "the task proposal")
+            if msg.type == "stop":
+                raise Stopped
+            if msg.type == "propose":
+                break
+            from sluice.psi import serve
+
+            if table is None:
+                self._refuse("this party holds no table to intersect")
+            serve([str(i) for i in table.ids], self.channel("leader"))
         p = msg.body
         try:
             reason = judge(self.policy, p, self.link.secure)
             if reason is None:
                 self._prepare(p)
-        except DataError as exc:
-            reason = f"sample ids do not match: {exc}"
-        except SluiceError as exc:
-            reason = str(exc)
-        except (KeyError, TypeError, ValueError) as exc:
-            reason = f"malformed proposal ({type(exc).__name__}: {exc})"
+        except (SluiceError, KeyError, TypeError, ValueError) as exc:
+            reason = _reason(exc)
         if reason is not None:
-            self.send_control("leader", "refuse", {"reason": reason})
-            self.link.flush(2.0)
-            raise NegotiationError(f"refused the task of the leader: {reason}")
+            self._refuse(reason)
         assert self.model is not None
-        self.send_control(
-            "leader",
-            "accept",
-            {
-                "name": self.name,
-                "params": sum(q.numel() for q in self.model.parameters()),
-                "secure": self.link.secure,
-            },
-        )
+        self.send_control("leader", "accept", {
+            "name": self.name, "params": sum(q.numel() for q in self.model.parameters()),
+            "secure": self.link.secure, "out_shape": list(self.out_shape)})
 
     def _prepare(self, p: dict[str, Any]) -> None:
+        """Build this party's part (seeded by the proposal's seed and the part's name), check it, gather the
+        agreed rows and find the shape of what the part sends."""
+        assert self.task is not None
         self.proposal = p
-        self.name = p["follower"]
-        self.topo = topology(p["topology"])
         self.ops = self.topo.specs("follower")
-        ds = SplitDataConfig(**p["dataset"])
-        table = load_table(ds, p["seed"])
-        self.dtype = torch_dtype(p["model"]["dtype"])
-        data = party_data(
-            table,
-            p["columns"],
-            p["train_ids"],
-            p["test_ids"],
-            with_labels=False,
-            dtype=np.float64,
-            missing_ids=set(self.policy.missing_ids),
-        )
-        self.X = to_tensor(data.X_train, self.dtype)
-        self.X_test = to_tensor(data.X_test, self.dtype)
-        self.model = build_mlp(p["model"], part_seed(p["seed"], p["part"]))
-        if batch_coupled_layers(self.model) and p.get("groups") != 1 and not p.get("allow_batch_coupled"):
-            raise NegotiationError("BatchNorm with G > 1 refused")
-        self.opt = make_optimizer(list(self.model.parameters()), p["hparams"])
-        self.plan = BatchPlan(len(p["train_ids"]), p["hparams"]["batch_size"], p["seed"])
+        model = build_part(self.task, "bottom", int(p["seed"]), p["part"]).to(self.device)
+        n = sum(q.numel() for q in model.parameters())
+        if n > self.policy.max_params:
+            raise NegotiationError(f"this party's part has {n} parameters; it allows at most {self.policy.max_params}")
+        coupled = batch_coupled_layers(model)
+        if coupled and p.get("groups") != 1 and not p.get("allow_batch_coupled"):
+            raise NegotiationError(f"this party's part has batch-coupled layers ({', '.join(coupled)}); with G > 1 "
+                                   "the updates would not be the full-batch update")
+        self.dtype = next(q for q in model.parameters() if q.is_floating_point()).dtype
+        if self.topo.follower_features:
+            data = party_data(self.task, p["train_ids"], p["test_ids"], self.dtype, False)
+            self.X, self.X_test = data.X_train.to(self.device), data.X_test.to(self.device)
+            sample = self.X[:2]
+        else:
+            shape = tuple(int(d) for d in p["in_shape"])
+            sample = torch.zeros((2, *shape), dtype=getattr(torch, p["in_dtype"]), device=self.device)
+        self.in_shape = tuple(sample.shape[1:])
+        with torch.no_grad():
+            model.eval()
+            try:
+                self.out_shape = tuple(model(sample).shape[1:])
+            except Exception as exc:  # the user's model: any failure is a misfit
+                what = "its rows" if self.topo.follower_features else "the leader's bottom output"
+                first = (str(exc).splitlines() or [""])[0]
+                raise NegotiationError(f"this party's part cannot take {what} ({self.in_shape} per sample): "
+                                       f"{type(exc).__name__}: {first}") from None
+            finally:
+                model.train()
+        self.model = model
+        hp = p["hparams"]
+        params = list(model.parameters())
+        self.opt = self.task.optimizer(params, hp["lr"]) if self.task.optimizer else make_optimizer(params, hp)
+        self.plan = BatchPlan(len(p["train_ids"]), hp["batch_size"], p["seed"])
         self.steps = int(p["steps"])
         self.eval_every = int(p.get("eval_every", 0))
 
@@ -200,10 +242,11 @@ class Follower(Worker):
         :meth:`sluice.split.leader.Leader._time`)."""
         assert self.model is not None
         sizes = profile_sizes(batch)
-        width = self.proposal["model"]["in"]
+        kept = {k: v.clone() for k, v in self.model.state_dict().items()}
         fwd, bwd = [], []
         for n in sizes:
-            x = torch.randn(n, width, dtype=self.dtype, generator=torch.Generator().manual_seed(n))
+            x = torch.randn((n, *self.in_shape), dtype=self.dtype, generator=torch.Generator().manual_seed(n))
+            x = x.to(self.device)
             tf = tb = float("inf")
             for _ in range(repeats):
                 t0 = time.thread_time()
@@ -218,10 +261,10 @@ class Follower(Worker):
             fwd.append(tf)
             bwd.append(tb)
         self.model.zero_grad(set_to_none=True)
-        emb = self.proposal["model"]["out"]
+        self.model.load_state_dict(kept)  # running statistics (BatchNorm) as they were
         tag = self._forward.sends
         assert tag is not None
-        b = [len(encode_tensor(0, 0, tag, torch.zeros(n, emb, dtype=self.dtype))) for n in sizes]
+        b = [len(encode_tensor(0, 0, tag, torch.zeros((n, *self.out_shape), dtype=self.dtype))) for n in sizes]
         return {"fwd": linear_fit(sizes, fwd), "bwd": linear_fit(sizes, bwd),
                 "bytes": linear_fit(sizes, [float(v) for v in b])}
 

@@ -1,9 +1,11 @@
-"""The leader: holds the labels and the top model, starts the task, negotiates, chooses G, drives steps.
+"""The leader: holds the labels and the top model, starts the task, aligns the rows, negotiates, chooses G,
+drives steps.
 
-Lifecycle: :meth:`Leader.limit_samples` / :meth:`Leader.train_last_layers` (optional, before the
-proposal), :meth:`Leader.start` (negotiate, then choose G -- measuring the links and the parties' compute
-when ``pipeline.groups`` is ``"auto"`` or ``"seed"`` -- and send ``start``), :meth:`Leader.run_step` per
-step (past the proposed steps it sends ``extend``), :meth:`Leader.records` for finished step records,
+Lifecycle: :meth:`Leader.align` (every follower loads its own task, then the private set intersection of the
+ids and the agreed rows), :meth:`Leader.limit_samples` / :meth:`Leader.train_last_layers` (optional, before
+the proposal), :meth:`Leader.start` (negotiate, then choose G -- measuring the links and the parties' compute
+when ``pipeline.groups`` is ``"auto"`` or ``"seed"`` -- and send ``start``), :meth:`Leader.run_step` per step
+(past the proposed steps it sends ``extend``), :meth:`Leader.records` for finished step records,
 :meth:`Leader.finish` (``stop``/``bye``; possible at any point, even before the proposal).
 """
 
@@ -17,8 +19,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from sluice.errors import ConfigError, NegotiationError, TrainingError
+from sluice.errors import ConfigError, DataError, NegotiationError, TrainingError
 from sluice.metrics import classification_metrics, regression_metrics
+from sluice.models.device import resolve_device
+from sluice.tasks.split import SplitTask, build_part, fit_shapes
 from sluice.transport.link import Link
 from sluice.wire.tensor import encode_raw
 
@@ -34,45 +38,39 @@ from .grouping import (
     seed_formula,
     split_batch,
 )
-from .models import (
-    build_mlp,
-    check_exact,
-    head_loss,
-    make_optimizer,
-    part_seed,
-    targets,
-    torch_dtype,
-    train_last_layers,
-)
-from .party import Worker, params_of, to_tensor
+from .models import check_exact, group_loss, make_optimizer, train_last_layers
+from .party import Worker, params_of
+from .plan import BatchPlan, Plan, agree_rows, eval_due, hello_for, make_plan, proposal_for
 from .schedule import Op
-from .task import BatchPlan, Task, build_task, eval_due, proposal_for
-from .topology import In, Local, eval_tag
+from .topology import In, Local, eval_tag, topology
 
 
 class Leader(Worker):
-    def __init__(self, cfg: SplitConfig, links: dict[str, Link], task: Task | None = None) -> None:
+    def __init__(self, cfg: SplitConfig, links: dict[str, Link], task: SplitTask, steps: int | None = None) -> None:
         super().__init__("leader", links, cfg.transport.timeout_s, cfg.pipeline.queue_threshold_bytes)
         torch.set_num_threads(1)
         self.cfg = cfg
-        self.task = task or build_task(cfg)
-        t = self.task
-        self.topo = t.topology
+        self.party_task = task
+        self.topo = topology(cfg.topology)
         self.ops = self.topo.specs("leader")
-        self.followers = list(t.follower_names)
+        self.followers = [f"follower-{i + 1}" for i in range(cfg.followers)]
         if sorted(links) != sorted(self.followers):
             raise ConfigError(f"the leader needs one link per follower {self.followers}, got {sorted(links)}")
-        self.dtype = torch_dtype(cfg.model.dtype)
-        self.kind = t.table.task  # classification or regression
-        self._load_data()
-        self.bottom = (
-            build_mlp(t.specs["leader.bottom"], part_seed(cfg.seed, "leader.bottom"))
-            if "leader.bottom" in t.specs
-            else None
-        )
-        self.top = build_mlp(t.specs["leader.top"], part_seed(cfg.seed, "leader.top"))
-        self.opt = make_optimizer(params_of(self.bottom, self.top), t.hparams)
-        self.steps = t.steps
+        self.device = resolve_device(cfg.train.device)
+        self.kind = task.kind  # classification or regression
+        self.bottom = build_part(task, "bottom", cfg.seed, "leader.bottom").to(self.device) \
+            if self.topo.leader_bottom else None
+        self.top = build_part(task, "top", cfg.seed, "leader.top").to(self.device)
+        self.dtype = next(p for p in params_of(self.bottom, self.top) if p.is_floating_point()).dtype
+        params = params_of(self.bottom, self.top)
+        self.opt = task.optimizer(params, cfg.train.lr) if task.optimizer else make_optimizer(params, {
+            "optimizer": cfg.train.optimizer, "lr": cfg.train.lr, "momentum": cfg.train.momentum,
+            "weight_decay": cfg.train.weight_decay})
+        self._steps = steps
+        self.plan: Plan | None = None
+        self.rows: dict[str, int] = {}
+        self.aligned = 0
+        self.psi: dict[str, dict[str, Any]] = {}
         self.groups = 1
         self.choice: GroupChoice | None = None
         self.calibration: dict[str, Any] = {}
@@ -88,16 +86,60 @@ class Leader(Worker):
         self._t_end: float | None = None
         self._saved: dict[int, torch.Tensor] = {}
 
+    # -- the rows every party holds ----------------------------------------------------------------
+    def align(self) -> None:
+        """Every follower loads its own task (``hello``), then the private set intersection of the ids with
+        each follower in turn (the leader's ids, then those the earlier followers share), the agreed rows and
+        this party's data. :class:`DataError` when fewer than ``data.min_common_ids`` ids are shared."""
+        from sluice.psi import intersect
+
+        table = self.party_task.table
+        assert table is not None
+        self.rows = {"leader": len(table.ids)}
+        for name in self.followers:
+            self.send_control(name, "hello", hello_for(self.cfg, name))
+        for name in self.followers:
+            msg = self.wait_control(name, ("ready", "refuse"), "the follower's task")
+            self._refused(name, msg)
+            self.rows[name] = int(msg.body.get("rows", 0))
+        common = np.arange(len(table.ids))
+        if self.topo.follower_features:
+            for name in self.followers:
+                self.send_control(name, "psi", {"items": len(common)})
+                found, stats = intersect([str(i) for i in table.ids[common]], self.channel(name))
+                common = common[np.asarray(found, dtype=np.int64)]
+                self.psi[name] = {"seconds": round(stats.seconds, 4), "bytes_sent": stats.sent_bytes,
+                                  "bytes_received": stats.received_bytes, "common": len(common)}
+        least = self.cfg.data.min_common_ids
+        if len(common) < least:
+            shared = ", ".join(f"{n} {v['common']:,}" for n, v in self.psi.items())
+            raise DataError(f"{len(common):,} of {len(table.ids):,} ids in common (the leader's table and every "
+                            f"follower's{': ' + shared if len(self.psi) > 1 else ''}); at least {least:,} are "
+                            "needed (data.min_common_ids)")
+        self.aligned = len(common)
+        train_ids, test_ids = agree_rows(self.cfg, table, common)
+        self.plan = make_plan(self.cfg, train_ids, test_ids, self._steps)
+        self._load_data()
+
+    def _refused(self, name: str, msg: Any) -> None:
+        if msg.type == "refuse":
+            self.finished_peers.add(name)
+            raise NegotiationError(f"{name} refused the task: {msg.body.get('reason', 'no reason given')}")
+
     def _load_data(self) -> None:
-        t = self.task
-        data = party_data(t.table, t.leader_columns, t.train_ids, t.test_ids, True, np.float64)
-        self.X = to_tensor(data.X_train, self.dtype)
-        self.X_test = to_tensor(data.X_test, self.dtype)
+        plan = self.plan
+        assert plan is not None
+        data = party_data(self.party_task, plan.train_ids, plan.test_ids, self.dtype, True)
+        self.X = data.X_train.to(self.device)
+        self.X_test = data.X_test.to(self.device)
         assert data.y_train is not None and data.y_test is not None
-        self.y = targets(data.y_train, self.kind, self.dtype)
+        y = torch.from_numpy(np.ascontiguousarray(data.y_train))
+        self.y = (y if self.kind == "classification" else y.to(self.dtype)).to(self.device)
         self.y_test = data.y_test
-        self.metric_fns = t.table.metric_fns(t.test_ids)
-        self.plan = BatchPlan(len(t.train_ids), t.hparams["batch_size"], self.cfg.seed)
+        self.metric_fns = self.party_task.metric_fns(data.test_rows)
+        self.test_rows = data.test_rows
+        self.batches = BatchPlan(len(plan.train_ids), plan.hparams["batch_size"], self.cfg.seed)
+        self.steps = plan.steps
 
     def limit_samples(self, n: int) -> None:
         """Use only the first ``n`` training rows (in the agreed id order); the followers learn which
@@ -106,7 +148,8 @@ class Leader(Worker):
             raise TrainingError("the training samples were fixed when the task was proposed to the followers")
         if n < 1:
             raise ConfigError(f"sample limit must be >= 1, got {n}")
-        self.task = dataclasses.replace(self.task, train_ids=self.task.train_ids[:n])
+        assert self.plan is not None
+        self.plan = dataclasses.replace(self.plan, train_ids=self.plan.train_ids[:n])
         self._load_data()
 
     def train_last_layers(self, layers: int) -> None:
@@ -114,18 +157,36 @@ class Leader(Worker):
         train_last_layers(self.top, layers)
 
     # -- negotiation (SPEC P7) -----------------------------------------------------------------
+    def _sample_shape(self, x: torch.Tensor, model: torch.nn.Module) -> tuple[int, ...]:
+        with torch.no_grad():
+            model.eval()
+            try:
+                return tuple(model(x[:2]).shape[1:])
+            finally:
+                model.train()
+
     def negotiate(self) -> None:
+        """Propose the plan to every follower, then check that the top model takes what the bottom models
+        send (every shape named when it does not)."""
+        plan = self.plan
+        assert plan is not None
         groups = self.cfg.pipeline.groups
         self.proposed = True
+        own = self._sample_shape(self.X, self.bottom) if self.bottom is not None else None
         for i, name in enumerate(self.followers):
-            self.send_control(name, "propose", proposal_for(self.task, i, groups, self.links[name].secure))
+            extra = {"in_shape": own, "in_dtype": str(self.dtype).removeprefix("torch.")} if self.topo.u_shape \
+                else {}
+            self.send_control(name, "propose", proposal_for(
+                plan, i, groups, self.links[name].secure, allow_batch_coupled=self.cfg.model.allow_batch_coupled,
+                **extra))
         for name in self.followers:
             msg = self.wait_control(name, ("accept", "refuse"), "an answer to the proposal")
-            if msg.type == "refuse":
-                self.finished_peers.add(name)
-                reason = msg.body.get("reason", "no reason given")
-                raise NegotiationError(f"{name} refused the task: {reason}")
+            self._refused(name, msg)
             self.accepted[name] = msg.body
+        shapes = [] if own is None or self.topo.u_shape else [("leader", own)]
+        shapes += [(n, tuple(self.accepted[n]["out_shape"])) for n in self.followers]
+        fit_shapes(self.top, shapes, self.dtype)
+        self.top_in = tuple(torch.cat([torch.zeros((1, *s)) for _, s in shapes], dim=1).shape[1:])
 
     # -- choosing G (SPEC P1) ------------------------------------------------------------------
     def _time(self, fn: Any, repeats: int = 3) -> float:
@@ -142,16 +203,16 @@ class Leader(Worker):
     def profile_self(self, batch: int) -> dict[str, list[float]]:
         """Linear fits ``a0 + a1 n`` of the leader's operations (seconds for a group of ``n``)."""
         sizes = profile_sizes(batch)
+        kept = [(m, {k: v.clone() for k, v in m.state_dict().items()}) for m in (self.top, self.bottom) if m]
         meas: dict[str, list[float]] = {"head": [], "bottom.fwd": [], "bottom.bwd": []}
         gen = torch.Generator().manual_seed(0)
         for n in sizes:
             y = self.y[torch.arange(n) % len(self.y)]
-            width = self.task.specs["leader.top"]["in"]
-            z_in = torch.randn(n, width, dtype=self.dtype, generator=gen)
+            z_in = torch.randn((n, *self.top_in), dtype=self.dtype, generator=gen).to(self.device)
 
             def head(z_in: torch.Tensor = z_in, y: torch.Tensor = y, n: int = n) -> None:
                 zi = z_in.clone().requires_grad_(True)
-                head_loss(self.kind, self.top(zi), y, n).backward()
+                group_loss(self.party_task, self.top(zi), y, n).backward()
 
             meas["head"].append(self._time(head))
             if self.bottom is not None:
@@ -160,9 +221,9 @@ class Leader(Worker):
                 h = self.bottom(x)
                 g = torch.ones_like(h)
                 meas["bottom.bwd"].append(self._time(lambda h=h, g=g: h.backward(g, retain_graph=True)))
-        self.top.zero_grad(set_to_none=True)
-        if self.bottom is not None:
-            self.bottom.zero_grad(set_to_none=True)
+        for m, state in kept:  # running statistics (BatchNorm) as they were
+            m.zero_grad(set_to_none=True)
+            m.load_state_dict(state)
         return {k: linear_fit(sizes, v) for k, v in meas.items() if v}
 
     def _wait_raw(self, peer: str) -> float:
@@ -198,9 +259,9 @@ class Leader(Worker):
 
     def choose_g(self) -> int:
         """Measure, predict the step time for every G and pick the best (see :mod:`sluice.split.grouping`)."""
-        B = self.task.hparams["batch_size"]
+        B = self.cfg.train.batch_size
         mine = self.profile_self(B)
-        emb_bytes = B * self.cfg.model.embedding * self.dtype.itemsize
+        emb_bytes = B * max(int(np.prod(a["out_shape"])) for a in self.accepted.values()) * self.dtype.itemsize
         nbytes = int(min(2 << 20, max(64 << 10, emb_bytes)))
         prof: dict[str, dict[str, Any]] = {}
         for name in self.followers:
@@ -254,7 +315,7 @@ class Leader(Worker):
         elif g == "seed":
             self.choose_g()
             assert self.choice is not None
-            B = self.task.hparams["batch_size"]
+            B = self.cfg.train.batch_size
             top = max(1, min(self.cfg.pipeline.max_groups, B))
             self.groups = int(min(top, max(1, round(self.choice.seed_formula))))
         else:
@@ -306,7 +367,7 @@ class Leader(Worker):
                     kinds.append(need)
                     inputs.append(x.detach().requires_grad_(True))
             z = self.top(torch.cat(inputs, dim=1) if len(inputs) > 1 else inputs[0])
-            loss = head_loss(self.kind, z, yb, batch)
+            loss = group_loss(self.party_task, z, yb, batch)
             loss.backward()
             senders = iter(self.followers)
             for need, x in zip(kinds, inputs, strict=True):
@@ -330,11 +391,11 @@ class Leader(Worker):
         s = self.step_no
         if s >= self.steps:  # past the plan: extend the task by whole epochs
             while s >= self.steps:
-                self.steps += self.plan.per_epoch
+                self.steps += self.batches.per_epoch
             for name in self.followers:
                 self.send_control(name, "extend", {"steps": self.steps})
         self.reset_counters()
-        batch = self.plan.batch(s)
+        batch = self.batches.batch(s)
         groups = [torch.from_numpy(g) for g in split_batch(batch, self.groups)]
         self._loss, self._correct = 0.0, 0
         ops = self.topo.ops("leader", s, len(groups), self.followers)
@@ -345,14 +406,14 @@ class Leader(Worker):
         self.opt.zero_grad(set_to_none=True)
         rec: dict[str, Any] = {
             "step": s,
-            "epoch": self.plan.epoch(s),
+            "epoch": self.batches.epoch(s),
             "loss": self._loss,
             "groups": len(groups),
             "batch": len(batch),
         }
         if self.kind == "classification":
             rec["accuracy"] = self._correct / len(batch)
-        if eval_due(s, self.steps, self.task.cfg.train.eval_every):
+        if eval_due(s, self.steps, self.cfg.train.eval_every):
             rec.update(self.evaluate(s))
         rec["_done"] = time.perf_counter()
         rec["_idle"], rec["_busy"] = self.idle, self.busy
@@ -380,10 +441,10 @@ class Leader(Worker):
                     keys = [("in", s, eval_tag(need.tag), p, 0) for p in self.followers]
                     self.wait_keys(keys, f"evaluation data of step {s}")
                     inputs += [self.store.pop(k) for k in keys]
-            z = self.top(torch.cat(inputs, dim=1) if len(inputs) > 1 else inputs[0])
+            z = self.top(torch.cat(inputs, dim=1) if len(inputs) > 1 else inputs[0]).float().cpu()
         pred = z.numpy()
         if self.kind == "classification":
-            out = classification_metrics(z, self.y_test, self.task.table.outputs, auc=True)
+            out = classification_metrics(z, self.y_test, int(z.shape[1]), auc=True)
         else:
             out = regression_metrics(pred, self.y_test)
         for name, fn in self.metric_fns.items():  # a scenario's type-specific errors

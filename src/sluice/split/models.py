@@ -1,15 +1,11 @@
-"""The parts of a split model: small MLPs built from a JSON-able spec with seeded initialisation.
-
-A spec is what the leader proposes for each part (SPEC P7), e.g.
-``{"in": 20, "hidden": [32], "out": 16, "activation": "relu", "final_activation": true,
-"batch_norm": false, "dtype": "float32"}``. Weights are drawn from ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``
-with a generator seeded by (task seed, part name), so a part built in any process is identical. The
-leader's loss (:func:`head_loss`) is here too: the full-batch reference uses the same one.
+"""What every party does with its parts: the exactness check (SPEC P5), freezing layers, the optimizer of
+the negotiated hyper-parameters, and the leader's loss of one group (:func:`group_loss`; the full-batch
+reference uses the same one). The parts themselves come from each party's own task
+(:mod:`sluice.tasks.split`).
 """
 
 from __future__ import annotations
 
-import zlib
 from typing import Any
 
 import numpy as np
@@ -18,83 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sluice.errors import ConfigError
-from sluice.wire import dtypes
-
-_ACT = {"relu": nn.ReLU, "tanh": nn.Tanh}
-_MODEL_DTYPES = (dtypes.FP32, dtypes.FP64)
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    """The torch dtype of a spec's ``dtype`` name (``float32`` or ``float64``)."""
-    for t in _MODEL_DTYPES:
-        if t.long_name == name:
-            return t.torch
-    raise ConfigError(f"unknown dtype {name!r}; allowed: {', '.join(t.long_name for t in _MODEL_DTYPES)}")
-
-
-def part_seed(seed: int, part: str) -> int:
-    """Seed of one part: a stable function of the task seed and the part's name."""
-    return (seed * 1_000_003 + zlib.crc32(part.encode())) % (2**63)
-
-
-def mlp_spec(
-    in_dim: int,
-    hidden: list[int],
-    out_dim: int,
-    activation: str,
-    final_activation: bool,
-    batch_norm: bool,
-    dtype: str,
-) -> dict[str, Any]:
-    return {
-        "in": int(in_dim),
-        "hidden": [int(h) for h in hidden],
-        "out": int(out_dim),
-        "activation": activation,
-        "final_activation": bool(final_activation),
-        "batch_norm": bool(batch_norm),
-        "dtype": dtype,
-    }
-
-
-def num_params(spec: dict[str, Any]) -> int:
-    """Parameter count of the MLP a spec describes (checked by followers before accepting)."""
-    dims = [spec["in"], *spec["hidden"], spec["out"]]
-    n = sum(a * b + b for a, b in zip(dims[:-1], dims[1:], strict=True))
-    if spec.get("batch_norm"):
-        n += 2 * sum(spec["hidden"])
-    return n
-
-
-def build_mlp(spec: dict[str, Any], seed: int) -> nn.Sequential:
-    """Linear -> [BatchNorm] -> activation per hidden layer, then Linear [-> activation]."""
-    try:
-        act = _ACT[spec["activation"]]
-        dtype = torch_dtype(spec["dtype"])
-        dims = [int(spec["in"]), *[int(h) for h in spec["hidden"]], int(spec["out"])]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"invalid model spec {spec!r}: {exc!r}") from exc
-    if any(d <= 0 for d in dims):
-        raise ConfigError(f"model layer widths must be positive, got {dims}")
-    layers: list[nn.Module] = []
-    for i, (a, b) in enumerate(zip(dims[:-1], dims[1:], strict=True)):
-        layers.append(nn.Linear(a, b))
-        last = i == len(dims) - 2
-        if not last:
-            if spec.get("batch_norm"):
-                layers.append(nn.BatchNorm1d(b))
-            layers.append(act())
-        elif spec.get("final_activation"):
-            layers.append(act())
-    model = nn.Sequential(*layers).to(dtype)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, nn.Linear):
-                bound = 1.0 / m.in_features**0.5
-                m.weight.uniform_(-bound, bound, generator=gen)
-                m.bias.uniform_(-bound, bound, generator=gen)
-    return model
+from sluice.tasks.split import SplitTask
 
 
 def batch_coupled_layers(module: nn.Module) -> list[str]:
@@ -153,6 +73,14 @@ def targets(y: np.ndarray, task: str, dtype: torch.dtype) -> torch.Tensor:
     """Labels as :func:`head_loss` takes them: int64 class ids, or regression targets in the model's dtype."""
     t = torch.from_numpy(np.ascontiguousarray(y))
     return t if task == "classification" else t.to(dtype)
+
+
+def group_loss(task: SplitTask, z: torch.Tensor, y: torch.Tensor, batch: int) -> torch.Tensor:
+    """The loss of one group of a batch of ``batch`` rows, weighted so that the groups add up to the batch's
+    loss: :func:`head_loss` by default, else the task's mean loss times ``len(y) / batch``."""
+    if task.loss is None:
+        return head_loss(task.kind, z, y, batch)
+    return task.loss(z, y) * (len(y) / batch)
 
 
 def head_loss(task: str, z: torch.Tensor, y: torch.Tensor, batch: int) -> torch.Tensor:

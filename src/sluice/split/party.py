@@ -97,6 +97,8 @@ class Worker:
         self.busy = 0.0
         self.op_seconds: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
         self.trace: list[Decision] | None = None
+        self.device = torch.device("cpu")
+        """Where this party computes; tensors travel from the CPU (:meth:`send_tensor`, :meth:`_absorb`)."""
 
     # -- sending -------------------------------------------------------------------------------
     def _send(self, peer: str, payload: bytes) -> None:
@@ -120,7 +122,7 @@ class Worker:
                 self._absorb(d)
 
     def send_tensor(self, peer: str, step: int, group: int, tag: str, tensor: torch.Tensor) -> int:
-        payload = encode_tensor(step, group, tag, tensor)
+        payload = encode_tensor(step, group, tag, tensor.cpu())
         self._send(peer, payload)
         self.sent_by_step[step] += len(payload)
         return len(payload)
@@ -155,7 +157,7 @@ class Worker:
         msg = decode(d.payload)
         if isinstance(msg, TensorMsg):
             key = ("in", msg.step, msg.tag, d.peer, msg.group)
-            self.store[key] = msg.tensor
+            self.store[key] = msg.tensor.to(self.device)
             if self.graph is not None:
                 self.graph.offer(key)
         elif isinstance(msg, ControlMsg):
@@ -194,6 +196,10 @@ class Worker:
             d = self.inbox.get(None if self.paused else self.timeout_s, what)
             self.idle += time.perf_counter() - t0
             self._absorb(d)
+
+    def channel(self, peer: str) -> RawChannel:
+        """Raw messages to and from ``peer`` as a :class:`sluice.psi.Channel` (counted as setup bytes)."""
+        return RawChannel(self, peer)
 
     def take_control(self, peer: str, *types: str) -> tuple[ControlMsg, int, float] | None:
         """The first queued control message from ``peer`` of one of ``types`` (removed from the queue)."""
@@ -263,6 +269,22 @@ class Worker:
                 link.close()
             except SluiceError:
                 pass
+
+
+class RawChannel:
+    """One peer's raw messages as a channel: ``send`` queues one, ``recv`` waits for the next."""
+
+    def __init__(self, worker: Worker, peer: str) -> None:
+        self.worker, self.peer = worker, peer
+
+    def send(self, data: bytes) -> None:
+        self.worker.send_raw(self.peer, data)
+
+    def recv(self) -> bytes:
+        raws = self.worker.raws[self.peer]
+        while not raws:
+            self.worker.pump(True, f"the intersection of ids with {self.peer}")
+        return raws.popleft()[0]
 
 
 def to_tensor(x: np.ndarray, dtype: torch.dtype) -> torch.Tensor:

@@ -1,8 +1,9 @@
-"""A split-training task as the leader defines it: data, columns, parts, hyper-parameters, batches.
+"""What the leader proposes to every follower: the agreed rows, the schedule, the hyper-parameters.
 
-The leader builds a :class:`Task` from its config and proposes one slice of it to each follower
-(:func:`proposal_for`). Followers rebuild what they need from the proposal alone, so the proposal is
-the whole contract between parties (SPEC P7).
+After the private set intersection (:mod:`sluice.psi`) the leader knows the ids every party holds; it draws
+the train/test split on them (:func:`agree_rows`) and proposes one slice of the :class:`Plan` to each follower
+(:func:`proposal_for`). The proposal names no task, dataset, column or model: each party trains its own task
+on its own host (:mod:`sluice.tasks.split`), so the plan is the whole contract between parties (SPEC P7).
 """
 
 from __future__ import annotations
@@ -15,33 +16,32 @@ from typing import Any
 
 import numpy as np
 
+from sluice.errors import DataError
+from sluice.tasks.table import Table
+
 from .config import SplitConfig
-from .data import Table, default_columns, load_table, split_ids
-from .models import mlp_spec
 from .topology import Topology, topology
 
-PROTOCOL = 2
-"""Version 2: ``steps`` in the proposal is a plan; the leader ends the task with ``stop`` (at any step, even
-before the proposal) or extends it with ``extend``; a follower always answers ``stop`` with ``bye``."""
+PROTOCOL = 3
+"""Version 3: ``hello`` (the follower loads its own task) and the intersection of ids come before the
+proposal, which carries the agreed ids and no task; ``steps`` in the proposal is a plan; the leader ends the
+task with ``stop`` (at any step, even before the proposal) or extends it with ``extend``; a follower always
+answers ``stop`` with ``bye``."""
 
 
 @dataclass(frozen=True)
-class Task:
-    cfg: SplitConfig
-    table: Table
+class Plan:
+    """The task as the leader runs it: the agreed rows (in one order for every party) and the schedule."""
+
+    topology: Topology
+    follower_names: list[str]
     train_ids: list[str]
     test_ids: list[str]
-    leader_columns: list[int]
-    follower_columns: list[list[int]]
-    follower_names: list[str]
-    specs: dict[str, dict[str, Any]]
     hparams: dict[str, Any]
     steps: int
+    eval_every: int
+    seed: int
     task_id: str
-
-    @property
-    def topology(self) -> Topology:
-        return topology(self.cfg.topology)
 
 
 def planned_steps(cfg: SplitConfig, train_rows: int) -> int:
@@ -50,79 +50,71 @@ def planned_steps(cfg: SplitConfig, train_rows: int) -> int:
     return t.steps if t.steps is not None else t.epochs * math.ceil(train_rows / t.batch_size)
 
 
-def build_task(cfg: SplitConfig, steps: int | None = None) -> Task:
-    """Everything the leader needs to propose and run the task described by ``cfg`` for ``steps`` steps
-    (default: :func:`planned_steps`)."""
-    table = load_table(cfg.data, cfg.seed)
-    train_ids, test_ids = split_ids(table, cfg.data.test_fraction, cfg.seed)
+def agree_rows(cfg: SplitConfig, table: Table, common: np.ndarray) -> tuple[list[str], list[str]]:
+    """Train and test ids among the table positions ``common`` (ascending): the table's own test rows where
+    it marks them, else a split of ``data.test_fraction`` seeded by the job's seed and stratified by the
+    labels where every class has two rows; at most ``train.eval_samples`` test rows (a seeded choice)."""
+    ids = table.ids[common]
+    if table.test is not None:
+        test = table.test[common]
+        train_ids, test_ids = [str(i) for i in ids[~test]], [str(i) for i in ids[test]]
+    else:
+        from sklearn.model_selection import train_test_split
+
+        y = table.y[common] if table.y is not None else None
+        classes = y is not None and y.ndim == 1 and np.issubdtype(y.dtype, np.integer)
+        stratified = classes and len(y) > 0 and np.unique(y, return_counts=True)[1].min() >= 2
+        rows = np.arange(len(ids))
+        try:
+            try:
+                tr, te = train_test_split(rows, test_size=cfg.data.test_fraction, random_state=cfg.seed,
+                                          stratify=y if stratified else None)
+            except ValueError:  # too few rows to stratify: a plain seeded split
+                tr, te = train_test_split(rows, test_size=cfg.data.test_fraction, random_state=cfg.seed)
+        except ValueError as exc:
+            raise DataError(f"cannot hold out {cfg.data.test_fraction:g} of {len(ids)} aligned rows for testing: "
+                            f"{exc}") from None
+        train_ids, test_ids = [str(i) for i in ids[np.sort(tr)]], [str(i) for i in ids[np.sort(te)]]
+    if not train_ids or not test_ids:
+        raise DataError(f"the {len(ids)} aligned rows leave {len(train_ids)} for training and {len(test_ids)} for "
+                        "testing; both need some")
     if len(test_ids) > cfg.train.eval_samples:
         rng = np.random.default_rng((cfg.seed, 104729))
         keep = np.sort(rng.choice(len(test_ids), cfg.train.eval_samples, replace=False))
         test_ids = [test_ids[i] for i in keep]
-    leader_cols, follower_cols = default_columns(cfg, table)
-    names = [f"follower-{i + 1}" for i in range(cfg.followers)]
-    topo = topology(cfg.topology)
-    m = cfg.model
-    emb = m.embedding
+    return train_ids, test_ids
 
-    def mlp(in_dim: int, hidden: list[int], out: int, final: bool, bn: bool) -> dict[str, Any]:
-        return mlp_spec(in_dim, hidden, out, m.activation, final, bn, m.dtype)
 
-    specs: dict[str, dict[str, Any]] = {}
-    if topo.leader_bottom:
-        specs[topo.part("leader")] = mlp(len(leader_cols), m.bottom_hidden, emb, True, m.batch_norm)
-    for name, cols in zip(names, follower_cols, strict=True):
-        if topo.u_shape:
-            specs[topo.part(name)] = mlp(emb, m.middle_hidden, emb, True, m.batch_norm)
-        else:
-            specs[topo.part(name)] = mlp(len(cols), m.bottom_hidden, emb, True, m.batch_norm)
-    specs["leader.top"] = mlp(emb * topo.top_inputs(cfg.followers), m.top_hidden, table.outputs, False, False)
+def make_plan(cfg: SplitConfig, train_ids: list[str], test_ids: list[str], steps: int | None = None) -> Plan:
+    """The plan of ``cfg`` on the agreed rows, for ``steps`` steps (default: :func:`planned_steps`)."""
     t = cfg.train
-    hparams = {
-        "optimizer": t.optimizer,
-        "lr": t.lr,
-        "momentum": t.momentum,
-        "weight_decay": t.weight_decay,
-        "batch_size": t.batch_size,
-    }
-    return Task(
-        cfg, table, train_ids, test_ids, leader_cols, follower_cols, names, specs, hparams,
-        steps if steps is not None else planned_steps(cfg, len(train_ids)), uuid.uuid4().hex[:12],
-    )
+    hparams = {"optimizer": t.optimizer, "lr": t.lr, "momentum": t.momentum, "weight_decay": t.weight_decay,
+               "batch_size": t.batch_size}
+    return Plan(topology(cfg.topology), [f"follower-{i + 1}" for i in range(cfg.followers)], train_ids, test_ids,
+                hparams, steps if steps is not None else planned_steps(cfg, len(train_ids)), t.eval_every, cfg.seed,
+                uuid.uuid4().hex[:12])
 
 
-def proposal_for(task: Task, index: int, groups: int | str, tls: bool) -> dict[str, Any]:
-    """The task as proposed to follower ``index`` (dataset, ids, its columns, its model part, ...)."""
-    name = task.follower_names[index]
-    d = task.cfg.data
-    part = task.topology.part(name)
-    return {
-        "protocol": PROTOCOL,
-        "task_id": task.task_id,
-        "topology": task.topology.name,
-        "follower": name,
-        "followers": len(task.follower_names),
-        "dataset": {
-            "dataset": d.dataset,
-            "n_samples": d.n_samples,
-            "n_features": d.n_features,
-            "n_informative": d.n_informative,
-            "n_classes": d.n_classes,
-            "scenario": d.scenario,
-        },
-        "seed": task.cfg.seed,
-        "columns": task.follower_columns[index],
-        "train_ids": task.train_ids,
-        "test_ids": task.test_ids,
-        "part": part,
-        "model": task.specs[part],
-        "allow_batch_coupled": task.cfg.model.allow_batch_coupled,
-        "hparams": task.hparams,
-        "steps": task.steps,
-        "eval_every": task.cfg.train.eval_every,
-        "groups": groups,
-        "tls": tls,
+def hello_for(cfg: SplitConfig, name: str) -> dict[str, Any]:
+    """What a follower needs to load its own task: its name, the topology, the number of followers, the seed."""
+    return {"protocol": PROTOCOL, "follower": name, "followers": cfg.followers, "topology": cfg.topology,
+            "seed": cfg.seed}
+
+
+def proposal_for(plan: Plan, index: int, groups: int | str, tls: bool, *, allow_batch_coupled: bool,
+                 in_shape: tuple[int, ...] | None = None, in_dtype: str | None = None) -> dict[str, Any]:
+    """The plan as proposed to follower ``index``: the agreed ids, its part's name, the hyper-parameters, the
+    steps; in the U-shape the shape and dtype of one sample of what its middle part receives."""
+    name = plan.follower_names[index]
+    out = {
+        "protocol": PROTOCOL, "task_id": plan.task_id, "topology": plan.topology.name, "follower": name,
+        "followers": len(plan.follower_names), "seed": plan.seed, "train_ids": plan.train_ids,
+        "test_ids": plan.test_ids, "part": plan.topology.part(name), "allow_batch_coupled": allow_batch_coupled,
+        "hparams": plan.hparams, "steps": plan.steps, "eval_every": plan.eval_every, "groups": groups, "tls": tls,
     }
+    if in_shape is not None:
+        out["in_shape"], out["in_dtype"] = list(in_shape), in_dtype
+    return out
 
 
 @lru_cache(maxsize=64)

@@ -1,9 +1,10 @@
-"""Centralised full-batch reference: the same parts, data, seeds and batches in one autograd graph.
+"""Centralised full-batch reference: the same parts, rows, seeds and batches in one autograd graph.
 
 Used to check exactness (SPEC P5): pipelined split training with any G must end with the weights this
-produces, ``loss = mean_i ℓ(top(...bottoms(x_i)...), y_i)`` over each whole batch (ℓ: cross-entropy, or the
-squared error over the outputs for regression; :func:`~sluice.split.models.head_loss`), one optimizer step
-per batch.
+produces, ``loss = mean_i ℓ(top(...bottoms(x_i)...), y_i)`` over each whole batch (the leader's loss of
+:func:`~sluice.split.models.group_loss` with one group), one optimizer step per batch. Every party's task is
+loaded here as the parties load their own (:func:`~sluice.split.engine.party_task`), and the rows are those
+every table holds, split as the leader splits them.
 """
 
 from __future__ import annotations
@@ -11,41 +12,58 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from sluice.tasks.split import build_part
+
 from .config import SplitConfig
 from .data import party_data
-from .models import build_mlp, head_loss, make_optimizer, part_seed, targets, torch_dtype
-from .task import BatchPlan, build_task
+from .engine import party_task
+from .models import group_loss, make_optimizer
+from .plan import BatchPlan, agree_rows, make_plan
+from .topology import topology
 
 
 def reference_train(cfg: SplitConfig, steps: int) -> tuple[dict[str, dict[str, torch.Tensor]], list[float]]:
     """Train ``steps`` full-batch steps centrally; returns (part name -> state dict, loss per step)."""
     torch.set_num_threads(1)
-    task = build_task(cfg)
-    topo = task.topology
-    dt = torch_dtype(cfg.model.dtype)
-    t = task.table
-    lead = party_data(t, task.leader_columns, task.train_ids, task.test_ids, True, np.float64)
-    X_lead = torch.from_numpy(lead.X_train).to(dt)
-    assert lead.y_train is not None
-    y = targets(lead.y_train, t.task, dt)
-    parts = {name: build_mlp(spec, part_seed(cfg.seed, name)) for name, spec in task.specs.items()}
-    X_f = []
-    for name, cols in zip(task.follower_names, task.follower_columns, strict=True):
-        d = party_data(t, cols, task.train_ids, task.test_ids, False, np.float64)
-        X_f.append((topo.part(name), torch.from_numpy(d.X_train).to(dt)))
-    opts = [make_optimizer(list(m.parameters()), task.hparams) for m in parts.values()]
-    plan = BatchPlan(len(task.train_ids), task.hparams["batch_size"], cfg.seed)
+    topo = topology(cfg.topology)
+    names = [f"follower-{i + 1}" for i in range(cfg.followers)]
+    lead = party_task(cfg, "leader")
+    tasks = {name: party_task(cfg, name) for name in names}
+    assert lead.table is not None
+    common = np.ones(len(lead.table.ids), dtype=bool)
+    for t in tasks.values():
+        if topo.follower_features and t.table is not None:
+            common &= np.isin(lead.table.ids, t.table.ids)
+    plan = make_plan(cfg, *agree_rows(cfg, lead.table, np.flatnonzero(common)))
+    parts = {"leader.top": build_part(lead, "top", cfg.seed, "leader.top")}
+    if topo.leader_bottom:
+        parts["leader.bottom"] = build_part(lead, "bottom", cfg.seed, "leader.bottom")
+    for name, t in tasks.items():
+        parts[topo.part(name)] = build_part(t, "bottom", cfg.seed, topo.part(name))
+    dt = next(p for p in parts["leader.top"].parameters() if p.is_floating_point()).dtype
+    data = party_data(lead, plan.train_ids, plan.test_ids, dt, True)
+    assert data.y_train is not None
+    y = torch.from_numpy(np.ascontiguousarray(data.y_train))
+    y = y if lead.kind == "classification" else y.to(dt)
+    X_f = [(topo.part(n), party_data(t, plan.train_ids, plan.test_ids, dt, False).X_train)
+           for n, t in tasks.items() if topo.follower_features]
+    opts = []
+    for name, m in parts.items():
+        task = lead if name.startswith("leader") else tasks[name.split(".")[0]]
+        params = list(m.parameters())
+        opts.append(task.optimizer(params, cfg.train.lr) if task.optimizer else make_optimizer(params, plan.hparams))
+    batches = BatchPlan(len(plan.train_ids), cfg.train.batch_size, cfg.seed)
     losses = []
     for s in range(steps):
-        b = torch.from_numpy(plan.batch(s))
+        b = torch.from_numpy(batches.batch(s))
         if topo.u_shape:
-            (mid, _), = X_f
-            z = parts["leader.top"](parts[mid](parts["leader.bottom"](X_lead[b])))
+            (mid,) = [topo.part(n) for n in names]
+            z = parts["leader.top"](parts[mid](parts["leader.bottom"](data.X_train[b])))
         else:
-            hs = [parts["leader.bottom"](X_lead[b])] if topo.leader_bottom else []
+            hs = [parts["leader.bottom"](data.X_train[b])] if topo.leader_bottom else []
             hs += [parts[name](X[b]) for name, X in X_f]
-            z = parts["leader.top"](torch.cat(hs, dim=1))
-        loss = head_loss(t.task, z, y[b], len(b))
+            z = parts["leader.top"](torch.cat(hs, dim=1) if len(hs) > 1 else hs[0])
+        loss = group_loss(lead, z, y[b], len(b))
         loss.backward()
         for o in opts:
             o.step()

@@ -20,7 +20,7 @@ import torch
 from sluice.transport.grpc_link import GrpcListener
 
 from .config import SplitConfig
-from .engine import FollowerHook, Record, SplitEngine
+from .engine import FollowerHook, Record, SplitEngine, task_loader
 from .follower import Follower
 from .links import tls_files
 from .models import import_optimizer_modules
@@ -101,7 +101,8 @@ def serve_follower(
         link = listener.accept(accept_timeout)
         if on_event:
             on_event("leader connected")
-        f = Follower(link, cfg.party, cfg.transport.timeout_s, cfg.pipeline.queue_threshold_bytes)
+        f = Follower(link, cfg.party, cfg.transport.timeout_s, cfg.pipeline.queue_threshold_bytes,
+                     load=task_loader(cfg), device=cfg.train.device)
         with switch_interval(cfg.pipeline.switch_interval_ms):
             return f.serve()
     finally:

@@ -12,19 +12,28 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
 from sluice.errors import TaskError
 from sluice.schema import Section
 
-BUILTIN_NAMES = ("digits", "breast_cancer", "mnist", "synthetic", "coverage", "energy", "kpi_anomaly", "mnist_cnn",
-                 "digits_cnn", "kpi_cnn")
-"""Every built-in task (:mod:`sluice.tasks.builtin`)."""
+SCENARIOS = ("coverage", "energy", "kpi_anomaly")
+"""The generated network-analytics scenarios (:mod:`sluice.data.scenarios`)."""
+TABULAR_NAMES = ("digits", "breast_cancer", "mnist", "synthetic", *SCENARIOS)
+"""The built-in datasets a horizontal or local job trains an MLP on (``[data] dataset``)."""
+BUILTIN_NAMES = (*TABULAR_NAMES, "mnist_cnn", "digits_cnn", "kpi_cnn")
+"""Every built-in task of horizontal and local training (:mod:`sluice.tasks.builtin`)."""
+SPLIT_BUILTIN_NAMES = ("breast_cancer", "digits", "classification", *SCENARIOS)
+"""Every built-in split task (:mod:`sluice.tasks.split_builtin`): a dataset's columns shared out among the
+parties, each party's part an MLP of the job's ``[model]``."""
 
 
 class TaskConfig(Section):
+    builtin: ClassVar[tuple[str, ...]] = BUILTIN_NAMES
+    """The built-in task names this section accepts."""
+
     name: str | None = Field(None, description="a built-in task (digits, breast_cancer, mnist, synthetic, coverage, "
                              "energy, kpi_anomaly, mnist_cnn, digits_cnn, kpi_cnn); default: [data] dataset")
     factory: str | None = Field(None, description="package.module:function returning a sluice.Task, imported "
@@ -37,14 +46,26 @@ class TaskConfig(Section):
             raise ValueError("give task.name (a built-in task) or task.factory (your own), not both")
         if self.factory is not None and ":" not in self.factory:
             raise ValueError(f"task.factory must be 'package.module:function', got {self.factory!r}")
-        if self.name is not None and self.name not in BUILTIN_NAMES:
-            raise ValueError(f"unknown built-in task {self.name!r}; built-in: {', '.join(BUILTIN_NAMES)}")
+        if self.name is not None and self.name not in self.builtin:
+            raise ValueError(f"unknown built-in task {self.name!r}; built-in: {', '.join(self.builtin)}")
         return self
 
     @property
     def label(self) -> str | None:
         """What the job trains, for names and messages: the built-in's name or the factory's."""
         return self.name or (self.factory.rsplit(":", 1)[-1] if self.factory else None)
+
+
+class SplitTaskConfig(TaskConfig):
+    """A split-training party's ``[task]``: a built-in split task (the dataset's columns for this party) or
+    ``package.module:function`` returning a :class:`~sluice.tasks.split.SplitTask`."""
+
+    builtin: ClassVar[tuple[str, ...]] = SPLIT_BUILTIN_NAMES
+
+    name: str | None = Field(None, description="a built-in split task (breast_cancer, digits, classification, "
+                             "coverage, energy, kpi_anomaly); default: [data] dataset")
+    factory: str | None = Field(None, description="package.module:function returning a sluice.SplitTask, imported "
+                                "on this party's host")
 
 
 def import_factory(ref: str) -> Callable[..., Any]:
@@ -61,16 +82,19 @@ def import_factory(ref: str) -> Callable[..., Any]:
     return fn
 
 
-def factory_kwargs(fn: Callable[..., Any], label: str, args: dict[str, Any], seed: int) -> dict[str, Any]:
-    """The keyword arguments ``fn`` is called with: ``args``, and ``seed`` when ``fn`` takes it and ``args``
-    gives none; a :class:`TaskError` naming what ``fn`` takes when they do not fit its signature."""
+def factory_kwargs(fn: Callable[..., Any], label: str, args: dict[str, Any], seed: int,
+                   context: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The keyword arguments ``fn`` is called with: ``args``, and ``seed`` (and each of ``context``) when ``fn``
+    takes it and ``args`` gives none; a :class:`TaskError` naming what ``fn`` takes when they do not fit its
+    signature."""
     kwargs = dict(args)
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):  # no signature to check (a builtin): the call itself will tell
         return kwargs
-    if "seed" in sig.parameters and "seed" not in kwargs:
-        kwargs["seed"] = int(seed)
+    for key, value in {"seed": int(seed), **(context or {})}.items():
+        if key in sig.parameters and key not in kwargs:
+            kwargs[key] = value
     try:
         sig.bind(**kwargs)
     except TypeError as exc:
@@ -79,18 +103,20 @@ def factory_kwargs(fn: Callable[..., Any], label: str, args: dict[str, Any], see
     return kwargs
 
 
-def call_factory(fn: Callable[..., Any], label: str, args: dict[str, Any], seed: int) -> Any:
+def call_factory(fn: Callable[..., Any], label: str, args: dict[str, Any], seed: int,
+                 context: dict[str, Any] | None = None, returns: type | None = None) -> Any:
     """``fn(**args)`` (:func:`factory_kwargs`); a :class:`TaskError` when the arguments do not fit or ``fn``
-    fails, and when it returns something else than a task."""
+    fails, and when it returns something else than a ``returns`` (default :class:`~sluice.tasks.Task`)."""
     from sluice.tasks.task import Task
 
-    kwargs = factory_kwargs(fn, label, args, seed)
+    returns = returns or Task
+    kwargs = factory_kwargs(fn, label, args, seed, context)
     try:
         task = fn(**kwargs)
     except TaskError:
         raise
     except Exception as exc:  # the user's factory: any failure is the task's
         raise TaskError(f"task {label!r} failed to build: {type(exc).__name__}: {exc}") from exc
-    if not isinstance(task, Task):
-        raise TaskError(f"task {label!r} returned {type(task).__name__}, not a sluice.Task")
+    if not isinstance(task, returns):
+        raise TaskError(f"task {label!r} returned {type(task).__name__}, not a sluice.{returns.__name__}")
     return task
