@@ -249,11 +249,11 @@ def test_follower_reports_a_vanished_leader(tmp_path):
         time.sleep(0.02)
     link = connect(ready.read_text(), 10)
     link.send(encode_control("hello", hello_for(cfg, "follower-1")))
-    assert decode(link.recv(20)) == ControlMsg("ready", {"rows": 569})
+    assert decode(link.recv(20)) == ControlMsg("ready", {"rows": 569, "params": 1200, "out_shape": [16]})
     table = party_task(cfg, "leader").table
     plan = make_plan(cfg, *agree_rows(cfg, table, np.arange(len(table.ids))))
     link.send(encode_control("propose", proposal_for(plan, 0, 2, tls=False, allow_batch_coupled=False)))
-    accept = {"name": "follower-1", "params": 1200, "secure": False, "out_shape": [16]}
+    accept = {"name": "follower-1", "secure": False}
     assert decode(link.recv(20)) == ControlMsg("accept", accept)
     t0 = time.perf_counter()
     link.abort()  # the leader process is gone

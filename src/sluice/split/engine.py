@@ -512,7 +512,7 @@ class SplitEngine:
             "setup_bytes_up": int(getattr(leader, "setup_bytes_up", 0)),
             "setup_bytes_down": int(getattr(leader, "setup_bytes_down", 0)),
             "link_bytes": {n: leader.links[n].stats.as_dict() for n in leader.followers},
-            "accepted": leader.accepted,
+            "accepted": {n: {**leader.ready.get(n, {}), **a} for n, a in leader.accepted.items()},
             "wall_s": round(wall_s, 3),
         }
         if leader.choice is not None:

@@ -102,10 +102,14 @@ class Follower(Worker):
             if self.topo.follower_features and self.task.table is None:
                 raise NegotiationError(f"task {self.task.name!r} has no table, and in topology {self.topo.name} "
                                        "a follower holds features")
+            self._build(msg.body)
         except (SluiceError, KeyError, TypeError, ValueError) as exc:
             self._refuse(_reason(exc))
         table = self.task.table
-        self.send_control("leader", "ready", {"rows": 0 if table is None else len(table.ids)})
+        assert self.model is not None
+        self.send_control("leader", "ready", {"rows": 0 if table is None else len(table.ids),
+                                              "params": sum(q.numel() for q in self.model.parameters()),
+                                              "out_shape": list(self.out_shape)})
         while True:
             msg = self.wait_control("leader", ("psi", "propose", "stop"), "the task proposal")
             if msg.type == "stop":
@@ -127,37 +131,28 @@ class Follower(Worker):
         if reason is not None:
             self._refuse(reason)
         assert self.model is not None
-        self.send_control("leader", "accept", {
-            "name": self.name, "params": sum(q.numel() for q in self.model.parameters()),
-            "secure": self.link.secure, "out_shape": list(self.out_shape)})
+        self.send_control("leader", "accept", {"name": self.name, "secure": self.link.secure})
 
-    def _prepare(self, p: dict[str, Any]) -> None:
-        """Build this party's part (seeded by the proposal's seed and the part's name), check it, gather the
-        agreed rows and find the shape of what the part sends."""
+    def _build(self, hello: dict[str, Any]) -> None:
+        """Build this party's part (seeded by the leader's seed and the part's name), check its size and find
+        the shape of what it sends, on two of its rows or (U-shape) on what the leader's bottom sends."""
         assert self.task is not None
-        self.proposal = p
-        self.ops = self.topo.specs("follower")
-        model = build_part(self.task, "bottom", int(p["seed"]), p["part"]).to(self.device)
+        model = build_part(self.task, "bottom", int(hello["seed"]), str(hello["part"])).to(self.device)
         n = sum(q.numel() for q in model.parameters())
         if n > self.policy.max_params:
             raise NegotiationError(f"this party's part has {n} parameters; it allows at most {self.policy.max_params}")
-        coupled = batch_coupled_layers(model)
-        if coupled and p.get("groups") != 1 and not p.get("allow_batch_coupled"):
-            raise NegotiationError(f"this party's part has batch-coupled layers ({', '.join(coupled)}); with G > 1 "
-                                   "the updates would not be the full-batch update")
         self.dtype = next(q for q in model.parameters() if q.is_floating_point()).dtype
         if self.topo.follower_features:
-            data = party_data(self.task, p["train_ids"], p["test_ids"], self.dtype, False)
-            self.X, self.X_test = data.X_train.to(self.device), data.X_test.to(self.device)
-            sample = self.X[:2]
+            assert self.task.table is not None
+            sample = torch.from_numpy(np.ascontiguousarray(self.task.table.X[:2], dtype=np.float64)).to(self.dtype)
         else:
-            shape = tuple(int(d) for d in p["in_shape"])
-            sample = torch.zeros((2, *shape), dtype=getattr(torch, p["in_dtype"]), device=self.device)
+            shape = tuple(int(d) for d in hello["in_shape"])
+            sample = torch.zeros((2, *shape), dtype=getattr(torch, hello["in_dtype"]))
         self.in_shape = tuple(sample.shape[1:])
         with torch.no_grad():
             model.eval()
             try:
-                self.out_shape = tuple(model(sample).shape[1:])
+                self.out_shape = tuple(model(sample.to(self.device)).shape[1:])
             except Exception as exc:  # the user's model: any failure is a misfit
                 what = "its rows" if self.topo.follower_features else "the leader's bottom output"
                 first = (str(exc).splitlines() or [""])[0]
@@ -166,8 +161,21 @@ class Follower(Worker):
             finally:
                 model.train()
         self.model = model
+
+    def _prepare(self, p: dict[str, Any]) -> None:
+        """Check the proposal against the part, gather the agreed rows, make the optimizer."""
+        assert self.task is not None and self.model is not None
+        self.proposal = p
+        self.ops = self.topo.specs("follower")
+        coupled = batch_coupled_layers(self.model)
+        if coupled and p.get("groups") != 1 and not p.get("allow_batch_coupled"):
+            raise NegotiationError(f"this party's part has batch-coupled layers ({', '.join(coupled)}); with G > 1 "
+                                   "the updates would not be the full-batch update")
+        if self.topo.follower_features:
+            data = party_data(self.task, p["train_ids"], p["test_ids"], self.dtype, False)
+            self.X, self.X_test = data.X_train.to(self.device), data.X_test.to(self.device)
         hp = p["hparams"]
-        params = list(model.parameters())
+        params = list(self.model.parameters())
         self.opt = self.task.optimizer(params, hp["lr"]) if self.task.optimizer else make_optimizer(params, hp)
         self.plan = BatchPlan(len(p["train_ids"]), hp["batch_size"], p["seed"])
         self.steps = int(p["steps"])

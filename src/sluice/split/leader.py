@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sluice.errors import ConfigError, DataError, NegotiationError, TrainingError
+from sluice.errors import ConfigError, DataError, NegotiationError, TaskError, TrainingError
 from sluice.metrics import classification_metrics, regression_metrics
 from sluice.models.device import resolve_device
 from sluice.tasks.split import SplitTask, build_part, fit_shapes
@@ -69,6 +69,7 @@ class Leader(Worker):
         self._steps = steps
         self.plan: Plan | None = None
         self.rows: dict[str, int] = {}
+        self.ready: dict[str, dict[str, Any]] = {}
         self.aligned = 0
         self.psi: dict[str, dict[str, Any]] = {}
         self.groups = 1
@@ -88,20 +89,29 @@ class Leader(Worker):
 
     # -- the rows every party holds ----------------------------------------------------------------
     def align(self) -> None:
-        """Every follower loads its own task (``hello``), then the private set intersection of the ids with
-        each follower in turn (the leader's ids, then those the earlier followers share), the agreed rows and
-        this party's data. :class:`DataError` when fewer than ``data.min_common_ids`` ids are shared."""
+        """Every follower loads its own task and builds its part (``hello``); the top model is checked against
+        what the bottom models send (:class:`TaskError` naming every shape); then the private set intersection
+        of the ids with each follower in turn (the leader's ids, then those the earlier followers share), the
+        agreed rows and this party's data. :class:`DataError` when fewer than ``data.min_common_ids`` ids are
+        shared."""
         from sluice.psi import intersect
 
         table = self.party_task.table
         assert table is not None
         self.rows = {"leader": len(table.ids)}
+        own = self._sample_shape(table.X, self.bottom) if self.bottom is not None else None
         for name in self.followers:
-            self.send_control(name, "hello", hello_for(self.cfg, name))
+            self.send_control(name, "hello", hello_for(self.cfg, name, own, str(self.dtype).removeprefix("torch."))
+                              if self.topo.u_shape else hello_for(self.cfg, name))
         for name in self.followers:
             msg = self.wait_control(name, ("ready", "refuse"), "the follower's task")
             self._refused(name, msg)
+            self.ready[name] = msg.body
             self.rows[name] = int(msg.body.get("rows", 0))
+        shapes = [] if own is None or self.topo.u_shape else [("leader", own)]
+        shapes += [(n, tuple(self.ready[n]["out_shape"])) for n in self.followers]
+        fit_shapes(self.top, shapes, self.dtype)
+        self.top_in = tuple(torch.cat([torch.zeros((1, *s)) for _, s in shapes], dim=1).shape[1:])
         common = np.arange(len(table.ids))
         if self.topo.follower_features:
             for name in self.followers:
@@ -157,36 +167,33 @@ class Leader(Worker):
         train_last_layers(self.top, layers)
 
     # -- negotiation (SPEC P7) -----------------------------------------------------------------
-    def _sample_shape(self, x: torch.Tensor, model: torch.nn.Module) -> tuple[int, ...]:
+    def _sample_shape(self, X: np.ndarray, model: torch.nn.Module) -> tuple[int, ...]:
+        """The shape of one sample of ``model``'s output on two rows of ``X`` (this party's features)."""
+        x = torch.from_numpy(np.ascontiguousarray(X[:2], dtype=np.float64)).to(self.dtype).to(self.device)
         with torch.no_grad():
             model.eval()
             try:
-                return tuple(model(x[:2]).shape[1:])
+                return tuple(model(x).shape[1:])
+            except Exception as exc:  # the user's model: any failure is a misfit
+                raise TaskError(f"task {self.party_task.name!r}: the leader's bottom model cannot take its rows "
+                                f"({tuple(x.shape[1:])} per sample): {type(exc).__name__}: "
+                                f"{(str(exc).splitlines() or [''])[0]}") from None
             finally:
                 model.train()
 
     def negotiate(self) -> None:
-        """Propose the plan to every follower, then check that the top model takes what the bottom models
-        send (every shape named when it does not)."""
+        """Propose the plan to every follower."""
         plan = self.plan
         assert plan is not None
         groups = self.cfg.pipeline.groups
         self.proposed = True
-        own = self._sample_shape(self.X, self.bottom) if self.bottom is not None else None
         for i, name in enumerate(self.followers):
-            extra = {"in_shape": own, "in_dtype": str(self.dtype).removeprefix("torch.")} if self.topo.u_shape \
-                else {}
             self.send_control(name, "propose", proposal_for(
-                plan, i, groups, self.links[name].secure, allow_batch_coupled=self.cfg.model.allow_batch_coupled,
-                **extra))
+                plan, i, groups, self.links[name].secure, allow_batch_coupled=self.cfg.model.allow_batch_coupled))
         for name in self.followers:
             msg = self.wait_control(name, ("accept", "refuse"), "an answer to the proposal")
             self._refused(name, msg)
             self.accepted[name] = msg.body
-        shapes = [] if own is None or self.topo.u_shape else [("leader", own)]
-        shapes += [(n, tuple(self.accepted[n]["out_shape"])) for n in self.followers]
-        fit_shapes(self.top, shapes, self.dtype)
-        self.top_in = tuple(torch.cat([torch.zeros((1, *s)) for _, s in shapes], dim=1).shape[1:])
 
     # -- choosing G (SPEC P1) ------------------------------------------------------------------
     def _time(self, fn: Any, repeats: int = 3) -> float:
@@ -261,7 +268,7 @@ class Leader(Worker):
         """Measure, predict the step time for every G and pick the best (see :mod:`sluice.split.grouping`)."""
         B = self.cfg.train.batch_size
         mine = self.profile_self(B)
-        emb_bytes = B * max(int(np.prod(a["out_shape"])) for a in self.accepted.values()) * self.dtype.itemsize
+        emb_bytes = B * max(int(np.prod(r["out_shape"])) for r in self.ready.values()) * self.dtype.itemsize
         nbytes = int(min(2 << 20, max(64 << 10, emb_bytes)))
         prof: dict[str, dict[str, Any]] = {}
         for name in self.followers:

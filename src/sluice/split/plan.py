@@ -95,16 +95,21 @@ def make_plan(cfg: SplitConfig, train_ids: list[str], test_ids: list[str], steps
                 uuid.uuid4().hex[:12])
 
 
-def hello_for(cfg: SplitConfig, name: str) -> dict[str, Any]:
-    """What a follower needs to load its own task: its name, the topology, the number of followers, the seed."""
-    return {"protocol": PROTOCOL, "follower": name, "followers": cfg.followers, "topology": cfg.topology,
-            "seed": cfg.seed}
+def hello_for(cfg: SplitConfig, name: str, in_shape: tuple[int, ...] | None = None,
+              in_dtype: str | None = None) -> dict[str, Any]:
+    """What a follower needs to load its own task and build its part: its name and part, the topology, the
+    number of followers, the seed; in the U-shape the shape and dtype of one sample of what its middle part
+    receives (the leader's bottom output)."""
+    out = {"protocol": PROTOCOL, "follower": name, "part": topology(cfg.topology).part(name),
+           "followers": cfg.followers, "topology": cfg.topology, "seed": cfg.seed}
+    if in_shape is not None:
+        out["in_shape"], out["in_dtype"] = list(in_shape), in_dtype
+    return out
 
 
-def proposal_for(plan: Plan, index: int, groups: int | str, tls: bool, *, allow_batch_coupled: bool,
-                 in_shape: tuple[int, ...] | None = None, in_dtype: str | None = None) -> dict[str, Any]:
+def proposal_for(plan: Plan, index: int, groups: int | str, tls: bool, *, allow_batch_coupled: bool) -> dict[str, Any]:
     """The plan as proposed to follower ``index``: the agreed ids, its part's name, the hyper-parameters, the
-    steps; in the U-shape the shape and dtype of one sample of what its middle part receives."""
+    steps."""
     name = plan.follower_names[index]
     out = {
         "protocol": PROTOCOL, "task_id": plan.task_id, "topology": plan.topology.name, "follower": name,
@@ -112,8 +117,6 @@ def proposal_for(plan: Plan, index: int, groups: int | str, tls: bool, *, allow_
         "test_ids": plan.test_ids, "part": plan.topology.part(name), "allow_batch_coupled": allow_batch_coupled,
         "hparams": plan.hparams, "steps": plan.steps, "eval_every": plan.eval_every, "groups": groups, "tls": tls,
     }
-    if in_shape is not None:
-        out["in_shape"], out["in_dtype"] = list(in_shape), in_dtype
     return out
 
 
