@@ -4,9 +4,15 @@ arguments that do not fit the task are refused with 400."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from test_service_support import checked, request_body, running_server
+
+VERTICAL = Path(__file__).resolve().parents[1] / "examples" / "vertical"
 
 FACTORY = '''
 from sluice.tasks.builtin import tabular
@@ -35,8 +41,12 @@ def srv(tmp_path_factory):
     ops.mkdir()
     (ops / "sluice_ops_tasks.py").write_text(FACTORY, encoding="utf-8")
     cfg = tmp / "service.toml"
-    cfg.write_text('[tasks]\ntiny = "sluice_ops_tasks:tiny"\nbroken = "sluice_ops_missing:tiny"\n', encoding="utf-8")
-    with running_server(tmp, extra=(str(cfg),), env={"PYTHONPATH": str(ops)}) as s:
+    cfg.write_text('[tasks]\ntiny = "sluice_ops_tasks:tiny"\nbroken = "sluice_ops_missing:tiny"\n'
+                   'vertical = "task:vertical"\n', encoding="utf-8")
+    subprocess.run([sys.executable, str(VERTICAL / "make_tables.py"), "--out", str(tmp / "tables")], check=True,
+                   capture_output=True)
+    with running_server(tmp, extra=(str(cfg),), env={"PYTHONPATH": f"{ops}:{VERTICAL}"}) as s:
+        s.tables = tmp / "tables"
         yield s
 
 
@@ -107,3 +117,19 @@ def test_the_registry_is_checked_when_the_service_starts():
     for bad in ('tasks.digits="pkg.mod:fn"', 'tasks.mine="pkg.mod"', 'tasks.mine="pkg mod:fn"'):
         with pytest.raises(ConfigError, match="tasks"):
             load_service_config(None, [bad])
+
+
+def test_a_split_request_trains_a_registered_task_on_the_parties_own_tables(srv):
+    """Every party of the producer's split training calls the registered function with its own name; the
+    report says how many ids the tables share."""
+    split = {"engine": "split", "seed": 0, "train": {"epochs": 1, "optimizer": "adam", "lr": 0.01},
+             "transport": {"kind": "inproc"}, "task": {"name": "vertical", "args": {"tables": str(srv.tables)}}}
+    body = checked(srv.http.put(srv.req("TS"), json=request_body("TS", {**split, "task": {
+        "factory": "task:vertical"}}, termination={"iterations": 4})), 400)
+    assert "import path" in body["reason"] and "classification" in body["reason"]  # split's own built-ins
+    checked(srv.http.put(srv.req("TS"), json=request_body("TS", split, termination={"iterations": 4})), 201)
+    srv.wait_status("TS", ("FINISHED", "CANCELLED"))
+    proc = srv.process_of("TS")
+    assert proc["attributes"]["progressStatus"]["status"] == "FINISHED", proc
+    r = vs(srv.get(srv.dn(proc["attributes"]["trainingReportRef"])), "sluice-report")
+    assert r["iterations"] == 4 and 0 < r["data"]["aligned_samples"] < r["data"]["table_rows"]["leader"]

@@ -102,7 +102,11 @@ class RequestsMixin(ServiceBase):
         from sluice.tasks.config import TaskConfig
 
         section = doc.get("task")
-        checked = doc if section is None else {**doc, "task": producer_task(section, self.cfg.tasks)}
+        checked = doc if section is None else {**doc, "task": producer_task(section, self.cfg.tasks, kind)}
+        followers = doc.get("follower_tasks")
+        if isinstance(followers, dict):  # a split job's other parties: tasks of this service too
+            checked = {**checked, "follower_tasks": {k: producer_task(v, self.cfg.tasks, kind)
+                                                     for k, v in followers.items()}}
         try:
             parsed = job_from_dict(kind, checked)
         except (SluiceError, ValueError) as exc:
@@ -111,7 +115,7 @@ class RequestsMixin(ServiceBase):
             return parsed
         name = section.get("name") or getattr(getattr(parsed.config, "data", None), "dataset", None)
         if name is not None and (section.get("args") or name in self.cfg.tasks):
-            check_args(name, section.get("args") or {}, self.cfg.tasks)  # built-ins without args: no torch here
+            check_args(name, section.get("args") or {}, self.cfg.tasks, kind)  # built-ins without args: no torch here
         if name in self.cfg.tasks and "id" not in (doc.get("model") or {}):  # named as the consumer named it
             config = parsed.config.model_copy(update={"task": TaskConfig.model_construct(name=name)})
             parsed.model = parsed.model.model_copy(update={"id": ENGINE_KINDS[kind].default_model_id(config)})
