@@ -94,3 +94,17 @@ def test_a_gpu_index_that_does_not_exist_is_refused():
 
     with pytest.raises(ConfigError, match="CUDA GPU"):
         resolve_device(f"cuda:{torch.cuda.device_count()}")
+
+
+def test_split_parties_train_on_the_gpu_as_on_the_cpu():
+    """``train.device`` for split training: every party's parts and rows on the GPU, tensors travel from the
+    CPU; the pipelined updates match the CPU's full-batch reference (TF32 convolutions: a loose tolerance)."""
+    from sluice.split import SplitConfig, reference_train, run_inprocess
+
+    base = {"task": {"factory": "split_user_tasks:conv"}, "followers": 2,
+            "train": {"steps": 4, "batch_size": 40, "eval_every": 2, "lr": 0.05},
+            "transport": {"kind": "inproc", "timeout_s": 120}, "pipeline": {"groups": 3}}
+    gpu = run_inprocess(SplitConfig.model_validate({**base, "train": {**base["train"], "device": "cuda"}}))
+    ref, _ = reference_train(SplitConfig.model_validate(base), 4)
+    diff = max(float((gpu.states[p][k].cpu().double() - ref[p][k].double()).abs().max()) for p in ref for k in ref[p])
+    assert diff < 1e-3 and "test_accuracy" in gpu.records[-1]
