@@ -77,7 +77,7 @@ def factories(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def test_public_api_is_explicit() -> None:
-    assert set(sluice.__all__) == {"Partition", "Task", "__version__", "run_task"}
+    assert set(sluice.__all__) == {"Partition", "SplitTask", "Table", "Task", "__version__", "read_table", "run_task"}
     assert sluice.Task.__module__ == "sluice.tasks.task"
 
 

@@ -33,7 +33,7 @@ from sluice.errors import TaskError
 from sluice.metrics import CLASSIFICATION, KNOWN, REGRESSION, MetricSpec, declare
 from sluice.tasks.config import SPLIT_BUILTIN_NAMES, TaskConfig, call_factory, import_factory
 from sluice.tasks.table import Table
-from sluice.tasks.task import LossFn, MetricFn, OptimizerFactory
+from sluice.tasks.task import LossFn, MetricFn, OptimizerFactory, seeded_module
 
 RowMetrics = Callable[[np.ndarray], Mapping[str, MetricFn]]
 """Metrics that need the table positions of the scored rows (a built-in scenario's type-specific errors)."""
@@ -110,19 +110,7 @@ def build_part(task: SplitTask, which: Literal["bottom", "top"], seed: int, part
     factory = getattr(task, which)
     if factory is None:
         raise TaskError(f"task {task.name!r} has no {which} model, which {part} needs")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(part_seed(seed, part))
-        try:
-            model = factory()
-        except Exception as exc:  # the user's factory: any failure is the task's
-            raise TaskError(f"task {task.name!r}: the {which} model factory failed: {type(exc).__name__}: "
-                            f"{exc}") from exc
-    if not isinstance(model, nn.Module):
-        raise TaskError(f"task {task.name!r}: the {which} model factory returned {type(model).__name__}, not a "
-                        "torch.nn.Module")
-    if not any(p.requires_grad for p in model.parameters()):
-        raise TaskError(f"task {task.name!r}: the {which} model ({part}) has no trainable parameters")
-    return model
+    return seeded_module(factory, part_seed(seed, part), task.name, f"{which} model ({part})")
 
 
 def load_split_task(section: TaskConfig, *, seed: int, party: str, followers: int, topology: str,

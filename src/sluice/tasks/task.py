@@ -239,17 +239,23 @@ def task_metrics(task: Task, outputs: torch.Tensor, targets: np.ndarray) -> dict
 def build_model(task: Task, seed: int) -> nn.Module:
     """``task.model()`` with torch's generator seeded from ``seed`` (restored afterwards); :class:`TaskError`
     when the factory fails or returns something else than a module with parameters."""
+    return seeded_module(task.model, seed, task.name, "model")
+
+
+def seeded_module(factory: Callable[[], nn.Module], seed: int, task: str, what: str) -> nn.Module:
+    """``factory()`` with torch's generator seeded from ``seed`` (restored afterwards); :class:`TaskError` naming
+    ``task`` and ``what`` when the factory fails or returns something else than a module with parameters."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))
         try:
-            model = task.model()
+            model = factory()
         except Exception as exc:  # the user's factory: any failure is the task's
-            raise TaskError(f"task {task.name!r}: the model factory failed: {type(exc).__name__}: {exc}") from exc
+            raise TaskError(f"task {task!r}: the {what} factory failed: {type(exc).__name__}: {exc}") from exc
     if not isinstance(model, nn.Module):
-        raise TaskError(f"task {task.name!r}: the model factory returned {type(model).__name__}, not a "
+        raise TaskError(f"task {task!r}: the {what} factory returned {type(model).__name__}, not a "
                         "torch.nn.Module")
     if not any(p.requires_grad for p in model.parameters()):
-        raise TaskError(f"task {task.name!r}: the model has no trainable parameters")
+        raise TaskError(f"task {task!r}: the {what} has no trainable parameters")
     return model
 
 
