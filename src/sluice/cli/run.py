@@ -7,6 +7,7 @@ import argparse
 from rich.console import Console
 
 from sluice.cli.common import add_config_arguments
+from sluice.flower.rounds import DEFAULT_EMPTY_ROUNDS
 from sluice.training import train_hfl
 
 
@@ -33,6 +34,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a node that has not answered after S seconds counts as dropped in that round")
     f.add_argument("--link-timeout", type=float, default=30.0, metavar="S",
                    help="a SuperLink that does not answer for S seconds ends the run with ENGINE_FAILURE")
+    f.add_argument("--empty-rounds", type=int, default=DEFAULT_EMPTY_ROUNDS, metavar="N",
+                   help="a round no node answers is not an iteration and is sent again; N such rounds in a row end "
+                   "the run with ENGINE_FAILURE, naming each node's last error (the first round waits longer by "
+                   "the ClientApp start-up the nodes measure)")
+    f.add_argument("--node-arg", dest="node_args", action="append", default=[], metavar="[C:]NAME=VALUE",
+                   help="a task argument of the local SuperNode of terminal C alone, or of every one without C:, "
+                   "where {c} in VALUE is the node's terminal, e.g. --node-arg 'data_dir=/data/site-{c}' "
+                   "(repeatable; the node's task.NAME node setting)")
     p.set_defaults(func=_main)
 
 
@@ -41,7 +50,9 @@ def _main(args: argparse.Namespace) -> int:
 
     flower_only = [name for name, value in (("--nodes", args.nodes), ("--superlink", args.superlink),
                                             ("--root-certificates", args.root_certificates),
-                                            ("--insecure", args.insecure)) if value]
+                                            ("--insecure", args.insecure), ("--node-arg", args.node_args),
+                                            ("--empty-rounds", args.empty_rounds != DEFAULT_EMPTY_ROUNDS))
+                   if value]
     if flower_only and args.runtime != "flower":
         from sluice.errors import ConfigError
 
@@ -52,6 +63,7 @@ def _main(args: argparse.Namespace) -> int:
 
         opts = FlowerOptions(nodes=args.nodes, insecure=args.insecure, superlink=args.superlink,
                              root_certificates=args.root_certificates, round_timeout_s=args.round_timeout,
-                             link_timeout_s=args.link_timeout)
+                             link_timeout_s=args.link_timeout, empty_rounds=args.empty_rounds,
+                             node_args=args.node_args)
         return run_on_flower(job, args.out, opts, console=Console())
     return train_hfl(job, args.out, Console())

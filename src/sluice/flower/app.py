@@ -44,7 +44,7 @@ def main(grid: Grid, context: Context) -> None:
     """Train the run configuration's job; its report lands in ``out-dir``."""
     from rich.console import Console
 
-    from sluice.errors import SluiceError
+    from sluice.errors import SluiceError, TrainingError
     from sluice.jobs import job_from_dict
     from sluice.plots import plot_accuracy
     from sluice.training import run_job, summarize_hfl
@@ -60,8 +60,16 @@ def main(grid: Grid, context: Context) -> None:
         job = job_from_dict("hfl", json.loads(str(rc["sluice-job"])))
         engine = _engine(job, grid, rc)
         console = Console(file=sys.stdout, force_terminal=False, width=140)
-        code = run_job(job, out, console=console, unit="round", prefix="run", summarize=summarize_hfl,
-                       plot=plot_accuracy, engine=engine)
+        try:
+            code = run_job(job, out, console=console, unit="round", prefix="run", summarize=summarize_hfl,
+                           plot=plot_accuracy, engine=engine)
+        except TrainingError as exc:  # the engine could not start: no node answered, or the SuperLink went away
+            if out is None:
+                raise
+            from sluice.flower.runner import failure_report
+
+            failure_report(job, Path(out), f"the engine could not start: {exc}")
+            code = 9  # ENGINE_FAILURE, the report's exit status
         console.print(f"sluice: training finished, exit status {code}")
     except (SluiceError, ValueError) as exc:
         if error_file is not None:
@@ -84,7 +92,8 @@ def _engine(job: Any, grid: Grid, rc: dict[str, Any]) -> Any:
 
     return FlowerEngine(job.config, grid, round_timeout_s=float(rc["round-timeout"]),
                         link_timeout_s=float(rc["link-timeout"]), node_wait_s=float(rc["node-wait"]),
-                        min_nodes=int(rc["min-nodes"]) or None, poll_s=float(rc["poll-interval"]))
+                        min_nodes=int(rc["min-nodes"]) or None, poll_s=float(rc["poll-interval"]),
+                        empty_rounds=int(rc["empty-rounds"]))
 
 
 def _steered(grid: Grid, rc: dict[str, Any]) -> None:
@@ -181,8 +190,17 @@ def hello(msg: Message, context: Context) -> Message:
     """Which terminal this node serves and which rounds of the model and anchor it holds."""
     _, c, _, data = _partition(context)
     _, model_round, anchor_round = _held(context)
-    meta = {"terminal": c, "model-round": model_round, "anchor-round": anchor_round, "num-examples": len(data)}
+    meta = {"terminal": c, "model-round": model_round, "anchor-round": anchor_round, "num-examples": len(data),
+            "startup-seconds": _startup_seconds()}
     return Message(RecordDict({P.META: ConfigRecord(meta)}), reply_to=msg)
+
+
+def _startup_seconds() -> float:
+    """How long this ClientApp process took to get here, its task built: the start-up every message pays
+    (each starts a fresh process), which the server adds to its first round's timeout."""
+    import psutil
+
+    return max(0.0, time.time() - psutil.Process().create_time())
 
 
 @client_app.train()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -37,13 +38,39 @@ class DeploymentError(SluiceError):
     """A Flower process could not be started, or the run could not be submitted or followed."""
 
 
+STARTED_BY_NAME = ("flower-superexec", "flwr-serverapp", "flwr-clientapp")
+"""Flower executables the SuperLink and the SuperNodes start by name, from their ``PATH``."""
+
+
 def _bin(name: str) -> str:
     """A Flower executable of this Python's environment."""
     path = Path(sys.executable).parent / name
     if not path.exists():
-        raise DeploymentError(f"{name} not found next to {sys.executable}; install Flower with "
-                              f"pip install 'sluice[flower]' (flwr=={FLOWER_VERSION})")
+        by_name = (" (the SuperLink and the SuperNodes start it by name: Flower's processes get that directory first "
+                   "on their PATH)" if name in STARTED_BY_NAME else "")
+        raise DeploymentError(f"{name} not found next to {sys.executable}{by_name}; install Flower with "
+                              f"pip install 'sluice[flower]' (flwr=={FLOWER_VERSION}) in that environment")
     return str(path)
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_EXCEPTION = re.compile(r"^[\w.]*(Error|Exception): ")
+_MISSING = re.compile(r"No such file or directory: '([^'/]+)'")
+
+
+def log_reason(log: Path | None) -> str:
+    """The last exception a Flower log records (else its last ``ERROR`` line): why a process exited or a run did
+    not start. An executable it could not find is named, with what to do."""
+    if log is None or not log.exists():
+        return ""
+    lines = [_ANSI.sub("", line).strip() for line in log.read_text(encoding="utf-8", errors="replace").splitlines()]
+    for pattern in (_EXCEPTION, re.compile(r"^ERROR\b")):
+        found = [line for line in lines if pattern.search(line)]
+        if found:
+            missing = _MISSING.search(found[-1])
+            return found[-1] + (f" ({missing.group(1)}, which it starts by name, is not on its PATH: put the bin "
+                                "directory of the environment Flower is installed in first on PATH)" if missing else "")
+    return ""
 
 
 def free_port() -> int:
@@ -122,6 +149,8 @@ class LocalDeployment:
 
     def start(self, wait_s: float = 60.0) -> LocalDeployment:
         """Start the SuperLink, wait until it accepts connections, then start the SuperNodes."""
+        for name in STARTED_BY_NAME:
+            _bin(name)  # missing, the SuperLink or a node would fail later on, saying less
         self.logs.mkdir(parents=True, exist_ok=True)
         self.home.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -138,8 +167,7 @@ class LocalDeployment:
         end = time.monotonic() + wait_s
         while True:
             if link.poll() is not None:
-                raise DeploymentError(f"the SuperLink exited with status {link.returncode}; see "
-                                      f"{self.logs / 'superlink.log'}")
+                raise DeploymentError(f"the SuperLink exited{self.exit_reason()}")
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=1):
                 break
             if time.monotonic() > end:
@@ -148,6 +176,15 @@ class LocalDeployment:
         for i in range(self.nodes):
             self.start_node(i)
         return self
+
+    def exit_reason(self) -> str:
+        """`` with status S: REASON; see LOG`` when the SuperLink exited (the last error of its log), else ``""``."""
+        link = self.procs.get("superlink")
+        if link is None or link.poll() is None:
+            return ""
+        log = self.logs / "superlink.log"
+        why = log_reason(log)
+        return f" with status {link.returncode}{': ' + why if why else ''}; see {log}"
 
     def start_node(self, i: int) -> subprocess.Popen:
         """Start (or restart, with an empty state) the SuperNode of terminal ``i``."""
@@ -263,7 +300,12 @@ def submit(job_doc: dict[str, Any], out: Path, workdir: Path, home: Path, *, con
     except ValueError:
         doc = {}
     if res.returncode != 0 or not doc.get("success", False) or "run-id" not in doc:
-        why = doc.get("error-message") or (res.stdout + res.stderr).strip()[-2000:]
+        why = " ".join(str(doc.get("error-message") or (res.stdout + res.stderr).strip()[-2000:]).split())
+        if "SuperLink is unavailable" in why:
+            why += (" No SuperLink answers there: is it running? flower-superlink exits at its start when "
+                    "flower-superexec, which it starts by name, is not on its PATH (its output ends with "
+                    "FileNotFoundError: ... 'flower-superexec'): start it with the bin directory of its "
+                    "environment first on PATH")
         raise DeploymentError(f"flwr run failed: {why}")
     return Submitted(int(doc["run-id"]), out)
 

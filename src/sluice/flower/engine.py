@@ -14,6 +14,11 @@ Faults:
 * a node that does not answer within ``round_timeout_s`` (killed, stalled) or answers with an error counts
   as dropped in that round (``dropped``); the round closes with the uploads that arrived. Its next message
   is a dense resynchronisation, since the server cannot know what it applied;
+* a round in which no node answered at all (each silent or failing, or no node left) is *empty*: not an
+  iteration, it is sent again to the same terminals, and ``empty_rounds`` of them in a row end the run with a
+  :class:`sluice.errors.TrainingError` (``ENGINE_FAILURE``) naming each node and its last error or the
+  round's timeout. The first round's first sending waits longer by the ClientApp start-up the nodes
+  measured, up to half the timeout (:mod:`sluice.flower.rounds`);
 * a node the server has not seen yet is asked which terminal it serves and which rounds of the model and
   anchor it holds; a node that holds other rounds than the server sent (it restarted with an empty state)
   gets a dense message (and, in anchor mode, the dense anchor) the next time its terminal is sampled. Those
@@ -48,6 +53,7 @@ import torch
 from sluice.engine import ClientRound, IterationEvent, Suspendable
 from sluice.errors import ConfigError, DataError, TaskError, TrainingError
 from sluice.flower import protocol as P
+from sluice.flower.rounds import DEFAULT_EMPTY_ROUNDS, Silence, Try, error_text, silent_reason, unavailable
 from sluice.hfl.config import HFLConfig
 from sluice.hfl.engine import ServerModel, client_metrics
 from sluice.hfl.learner import Learner
@@ -88,7 +94,10 @@ class FlowerEngine(ServerModel, Suspendable):
     """Implements :class:`sluice.engine.Engine` over a Flower ``Grid``; one iteration is one round."""
 
     def __init__(self, cfg: HFLConfig, grid: Any, *, round_timeout_s: float = 60.0, link_timeout_s: float = 30.0,
-                 node_wait_s: float = 120.0, min_nodes: int | None = None, poll_s: float = 0.05) -> None:
+                 node_wait_s: float = 120.0, min_nodes: int | None = None, poll_s: float = 0.05,
+                 empty_rounds: int = DEFAULT_EMPTY_ROUNDS) -> None:
+        if isinstance(empty_rounds, bool) or not isinstance(empty_rounds, int) or empty_rounds < 1:
+            raise ConfigError(f"empty rounds in a row that end the run must be an integer >= 1, got {empty_rounds!r}")
         self.cfg = cfg
         self.grid = grid
         self.round_timeout_s = float(round_timeout_s)
@@ -96,12 +105,14 @@ class FlowerEngine(ServerModel, Suspendable):
         self.node_wait_s = float(node_wait_s)
         self.min_nodes = min_nodes
         self.poll_s = float(poll_s)
+        self.silence = Silence(empty_rounds, self.round_timeout_s)
         self.server: Server | None = None
         self.link_lost = False
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="sluice-link")
         self._trainable: int | None = None
         self._node_of: dict[int, int] = {}  # terminal -> Flower node id
-        self._seen: set[int] = set()  # node ids asked which terminal they serve
+        self._seen: set[int] = set()  # node ids that answered which terminal they serve
+        self._hellos: dict[str, int] = {}  # message id -> node id: questions not answered yet
         self._resync: set[int] = set()  # terminals whose next message must be dense
         self._sent: dict[int, tuple[int, int]] = {}  # terminal -> (model round, anchor round) it was sent
         self._pending: dict[int, list[tuple[int, bytes]]] = {}  # terminal -> anchor broadcasts not yet sent
@@ -218,7 +229,12 @@ class FlowerEngine(ServerModel, Suspendable):
         if not messages:
             return []
         ids = list(self._call("push messages", self.grid.push_messages, messages))
-        waiting, replies = {i for i in ids if i}, {}
+        replies = self._pull({i for i in ids if i}, deadline_s)
+        return [replies.get(i) if i else None for i in ids]
+
+    def _pull(self, ids: set[str], deadline_s: float) -> dict[str, Any]:
+        """The replies to the messages ``ids`` that come until all did or ``deadline_s`` passed, by message id."""
+        waiting, replies = set(ids), {}
         end = time.monotonic() + deadline_s
         while waiting and time.monotonic() < end:
             for reply in self._call("pull messages", self.grid.pull_messages, sorted(waiting)):
@@ -228,40 +244,49 @@ class FlowerEngine(ServerModel, Suspendable):
                     replies[rid] = reply
             if waiting:
                 time.sleep(self.poll_s)
-        return [replies.get(i) if i else None for i in ids]
+        return replies
 
     def _discover(self, deadline_s: float | None = None) -> None:
-        """Ask every node not seen yet which terminal it serves and what it holds."""
+        """Ask every node not seen yet which terminal it serves and what it holds. A question stays asked until
+        its node answers or it expires (after ``node_wait_s``): a ClientApp slow to start answers a later look."""
         from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 
         nodes = list(self._call("get node ids", self.grid.get_node_ids))
-        new = [nid for nid in nodes if nid not in self._seen]
         alive = set(nodes)
         for c in [c for c, nid in self._node_of.items() if nid not in alive]:
             del self._node_of[c]
             self._resync.add(c)
-        if not new:
-            return
-        hello = [Message(RecordDict({P.META: ConfigRecord({"op": "hello"})}), nid, MessageType.QUERY,
-                         ttl=max(self.round_timeout_s, 1.0)) for nid in new]
-        got = self._exchange(hello, self.round_timeout_s if deadline_s is None else deadline_s)
-        for nid, reply in zip(new, got, strict=True):
-            if reply is None:
-                continue  # asked again next round
-            if reply.has_error():  # a node that cannot serve this job (no or a wrong partition-id)
+        self._hellos = {mid: nid for mid, nid in self._hellos.items() if nid in alive}
+        asked = set(self._hellos.values())
+        new = [nid for nid in nodes if nid not in self._seen and nid not in asked]
+        if new:
+            hello = [Message(RecordDict({P.META: ConfigRecord({"op": "hello"})}), nid, MessageType.QUERY,
+                             ttl=max(self.node_wait_s, self.round_timeout_s, 1.0)) for nid in new]
+            ids = self._call("push messages", self.grid.push_messages, hello)
+            self._hellos.update({mid: nid for mid, nid in zip(ids, new, strict=True) if mid})
+        if self._hellos:
+            got = self._pull(set(self._hellos), self.round_timeout_s if deadline_s is None else deadline_s)
+            for mid, reply in got.items():
+                self._hello_reply(self._hellos.pop(mid), reply)
+
+    def _hello_reply(self, nid: int, reply: Any) -> None:
+        if reply.has_error():
+            if not unavailable(reply):  # a node that cannot serve this job (no or a wrong partition-id)
                 self._seen.add(nid)
-                self.refused[nid] = reply.error.reason
-                continue
-            meta = reply.content.config_records[P.META]
-            c = int(meta["terminal"])
-            self._seen.add(nid)
-            if not 0 <= c < self.n:
-                continue  # a node outside this federation's terminals takes no part
-            self._node_of[c] = nid
-            self._examples[c] = int(meta["num-examples"])
-            held = (int(meta["model-round"]), int(meta["anchor-round"]))
-            if held != self._sent.get(c, (0, 0)) and self._mode_keeps_state():
-                self._resync.add(c)
+                self.refused[nid] = error_text(reply)
+            return  # else the question expired, or the node missed its heartbeats: it is asked again
+        meta = reply.content.config_records[P.META]
+        if "startup-seconds" in meta:  # the ClientApp's start-up, measured on the node
+            self.silence.startup[nid] = float(meta["startup-seconds"])
+        c = int(meta["terminal"])
+        self._seen.add(nid)
+        if not 0 <= c < self.n:
+            return  # a node outside this federation's terminals takes no part
+        self._node_of[c] = nid
+        self._examples[c] = int(meta["num-examples"])
+        held = (int(meta["model-round"]), int(meta["anchor-round"]))
+        if held != self._sent.get(c, (0, 0)) and self._mode_keeps_state():
+            self._resync.add(c)
 
     def _mode_keeps_state(self) -> bool:
         return self.cfg.compression.downlink in ("per-client", "anchor")
@@ -275,6 +300,8 @@ class FlowerEngine(ServerModel, Suspendable):
                 return
             if time.monotonic() >= end:
                 why = "".join(f"; node {nid}: {reason}" for nid, reason in self.refused.items())
+                why += "".join(f"; node {nid}: no answer (a ClientApp slower to start than that?)"
+                               for nid in sorted(set(self._hellos.values())))
                 raise TrainingError(f"{len(self._node_of)} of the {want} nodes needed answered within "
                                     f"{self.node_wait_s:g} s (terminals {sorted(self._node_of)}); start a "
                                     f"SuperNode per terminal with --node-config 'partition-id=<c>'{why}")
@@ -282,31 +309,65 @@ class FlowerEngine(ServerModel, Suspendable):
 
     # -- one round ---------------------------------------------------------------------------
     def iterate(self) -> IterationEvent:
-        from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
-
         self.start()
         if self._suspended:
             raise TrainingError("the engine is suspended: resume() it before the next round")
         t0 = time.perf_counter()
-        cfg, tr, server = self.cfg, self.cfg.train, self.server
-        self._discover()
+        tr, server = self.cfg.train, self.server
         rnd = server.round + 1
         m = max(1, round(tr.participation * self.n))
-        sampled = np.sort(self._rng.choice(self.n, size=m, replace=False))
-        failed = self._rng.random(m) < tr.dropout
-        bytes_down = flower_down = 0
-        dropped = resynced = 0
+        sampled = np.sort(self._rng.choice(self.n, size=m, replace=False)).tolist()
+        failed = (self._rng.random(m) < tr.dropout).tolist()
+        spent = [0, 0]  # Sluice's and Flower's bytes down of the round's empty tries
+        while True:  # an empty round is not an iteration: it is sent again (sluice.flower.rounds)
+            self._discover()
+            t = self._try(rnd, sampled, failed)
+            if t.out:
+                self._receive(t, self._exchange([msg for _, msg in t.out], t.deadline))
+                if t.answered:
+                    break
+            elif self._node_of:
+                break  # it drew only terminals no node serves: they drop out, as in the simulator
+            else:  # no node serves any terminal: wait for one as long as a round waits
+                self._await_node(t.deadline)
+                if self._node_of:
+                    continue
+            spent[0] += t.bytes_down
+            spent[1] += t.flower_down
+            self.silence.empty(rnd, t)  # TrainingError at the limit
+        if t.answered:
+            self.silence.answered()
+        bytes_down = t.bytes_down + spent[0]
+        broadcast = server.close_round()
+        if broadcast is not None:  # every terminal gets it with its next message
+            self._anchor = server.params.copy(), server.replayed_velocity()
+            for c in range(self.n):
+                self._pending.setdefault(c, []).append((server.round, broadcast))
+            bytes_down += self.n * len(broadcast)
+        metrics: dict[str, float] = {"participants": float(len(t.losses)), "dropped": float(t.dropped),
+                                     "resynced": float(t.resynced), "nodes": float(len(self._node_of)),
+                                     "flower_bytes_up": float(t.flower_up),
+                                     "flower_bytes_down": float(t.flower_down + spent[1])}
+        return self._round_event(rnd, metrics, t.losses, t.weights, t.bytes_up, bytes_down, t0,
+                                 [t.parts[c] for c in sorted(t.parts)])
+
+    def _try(self, rnd: int, sampled: list[int], failed: list[bool]) -> Try:
+        """The messages of round ``rnd`` to the terminals ``sampled`` (``failed``: their simulated failures),
+        built and counted, not sent."""
+        from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+
+        cfg, server = self.cfg, self.server
+        t = Try(self.silence.deadline([self._node_of[c] for c in sampled if c in self._node_of]))
         anchor_mode = cfg.compression.downlink == "anchor"
-        shares = cfg.compression.up_shares([self._examples.get(c, self._sizes[c]) for c in sampled.tolist()])
-        out: list[tuple[int, Any]] = []
-        parts: dict[int, ClientRound] = {}
-        for c, fails, share in zip(sampled.tolist(), failed.tolist(), shares, strict=True):
+        shares = cfg.compression.up_shares([self._examples.get(c, self._sizes[c]) for c in sampled])
+        for c, fails, share in zip(sampled, failed, shares, strict=True):
             down = server.message(c)
             node = self._node_of.get(c)
             if node is None:  # no node serves this terminal now: nothing is sent
-                dropped += 1
+                t.dropped += 1
                 self._resync.add(c)
-                parts[c] = ClientRound(c, dropped=True)
+                t.parts[c] = ClientRound(c, dropped=True)
+                t.problems[c] = f"no SuperNode serves it (one started with --node-config 'partition-id={c}')"
                 continue
             pending = self._pending.pop(c, [])
             resync = c in self._resync
@@ -314,10 +375,10 @@ class FlowerEngine(ServerModel, Suspendable):
                 down = server.resync_message()
                 pending = ([(server.downlink.anchor_round, server.downlink.full_message(*self._anchor))]
                            if anchor_mode else [])
-                bytes_down += sum(len(b) for _, b in pending)
+                t.bytes_down += sum(len(b) for _, b in pending)
                 self._resync.discard(c)
-                resynced += 1
-            bytes_down += len(down)
+                t.resynced += 1
+            t.bytes_down += len(down)
             base = self._sent.get(c, (0, 0))
             anchor_round = pending[-1][0] if pending else base[1]
             arrays = {"down": _uint8(down)}
@@ -327,55 +388,46 @@ class FlowerEngine(ServerModel, Suspendable):
                     "anchors": len(pending), "fail": bool(fails), "resync": resync, "up-ratio": share,
                     "trainable": -1 if self._trainable is None else self._trainable}
             msg = Message(RecordDict({P.RECORD: ArrayRecord(arrays), P.META: ConfigRecord(meta)}), node,
-                          MessageType.TRAIN, ttl=max(self.round_timeout_s, 1.0), group_id=str(rnd))
-            flower_down += flower_object_bytes(msg)
+                          MessageType.TRAIN, ttl=max(t.deadline, 1.0), group_id=str(rnd))
+            t.flower_down += flower_object_bytes(msg)
             self._sent[c] = (server.round, anchor_round)
-            out.append((c, msg))
-            parts[c] = ClientRound(c, dropped=True, resynced=resync)  # until its upload arrives
-        replies = self._exchange([msg for _, msg in out], self.round_timeout_s)
-        weights, losses, bytes_up, flower_up, lost = self._receive(out, replies, parts)
-        dropped += lost
-        broadcast = server.close_round()
-        if broadcast is not None:  # every terminal gets it with its next message
-            self._anchor = server.params.copy(), server.replayed_velocity()
-            for c in range(self.n):
-                self._pending.setdefault(c, []).append((server.round, broadcast))
-            bytes_down += self.n * len(broadcast)
-        metrics: dict[str, float] = {"participants": float(len(losses)), "dropped": float(dropped),
-                                     "resynced": float(resynced), "nodes": float(len(self._node_of)),
-                                     "flower_bytes_up": float(flower_up), "flower_bytes_down": float(flower_down)}
-        return self._round_event(rnd, metrics, losses, weights, bytes_up, bytes_down, t0,
-                                 [parts[c] for c in sorted(parts)])
+            t.out.append((c, msg))
+            t.parts[c] = ClientRound(c, dropped=True, resynced=resync)  # until its upload arrives
+        return t
 
-    def _receive(self, out: list[tuple[int, Any]], replies: list[Any],
-                 parts: dict[int, ClientRound]) -> tuple[list[float], list[float], int, int, int]:
-        """Hand the server the uploads among ``replies`` (to the messages ``out``, in terminal order: the server
-        sorts anyway) and fill in the parts of the terminals that sent one. Returns the uploads' weights and
-        train losses, Sluice's and Flower's bytes up, and how many terminals dropped (no answer, an error, or
-        a simulated failure)."""
-        weights: list[float] = []
-        losses: list[float] = []
-        bytes_up = flower_up = dropped = 0
-        for (c, _), reply in zip(out, replies, strict=True):
+    def _receive(self, t: Try, replies: list[Any]) -> None:
+        """Hand the server the uploads among ``replies`` (to the messages ``t.out``, in terminal order: the
+        server sorts anyway) and fill in ``t``: the parts of the terminals that sent one, the uploads' weights
+        and train losses, Sluice's and Flower's bytes up, the terminals that dropped (no answer, an error, or a
+        simulated failure), those that answered, and why each silent one was."""
+        for (c, msg), reply in zip(t.out, replies, strict=True):
             if reply is None or reply.has_error() or not reply.has_content():
-                dropped += 1
+                t.dropped += 1
                 self._resync.add(c)  # what the node applied is unknown: its next message is dense
+                t.problems[c] = f"node {msg.metadata.dst_node_id}: {silent_reason(reply, t.deadline)}"
                 continue
-            flower_up += flower_object_bytes(reply)
+            t.answered += 1
+            t.flower_up += flower_object_bytes(reply)
             meta = reply.content.config_records[P.META]
             arrays = reply.content.array_records.get(P.RECORD)
             if arrays is None or "up" not in arrays:
-                dropped += 1  # a simulated failure: it synced and uploads nothing
+                t.dropped += 1  # a simulated failure: it synced and uploads nothing
                 continue
             upload = arrays["up"].data
             weight = float(meta["num-examples"])
-            parts[c] = _part(parts[c], meta)
+            t.parts[c] = _part(t.parts[c], meta)
             self._examples[c] = int(weight)
-            bytes_up += len(upload)
+            t.bytes_up += len(upload)
             self.server.receive(c, upload, weight)
-            weights.append(weight)
-            losses.append(float(meta["train-loss"]))
-        return weights, losses, bytes_up, flower_up, dropped
+            t.weights.append(weight)
+            t.losses.append(float(meta["train-loss"]))
+
+    def _await_node(self, deadline_s: float) -> None:
+        """Until a node serves a terminal again, or ``deadline_s`` passed."""
+        end = time.monotonic() + deadline_s
+        while not self._node_of and time.monotonic() < end:
+            time.sleep(max(self.poll_s, 0.2))
+            self._discover(deadline_s=max(0.5, min(self.round_timeout_s, end - time.monotonic())))
 
     def _evaluate(self) -> dict[str, float]:
         """Test metrics of the server model, as the simulator computes them after each round (not the

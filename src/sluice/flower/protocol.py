@@ -16,14 +16,19 @@ the Sluice byte count) and a few integers beside them:
   ``num-examples`` and ``train-loss`` and, when it trained, ``train-seconds`` (its local training time) and
   ``train-started`` (when that began, ``time.time()`` on the node);
 * hello (``QUERY``, sent once to every node the server has not seen): the reply names the node's terminal
-  (its ``partition-id`` node configuration) and the rounds of the model and anchor it holds, so that a
-  node that restarted with an empty state is found and resynchronised with a dense message.
+  (its ``partition-id`` node configuration), the rounds of the model and anchor it holds, so that a
+  node that restarted with an empty state is found and resynchronised with a dense message, and
+  ``startup-seconds``, how long its ClientApp process took to start and build its task (the server's first
+  round waits that much longer).
 
 A run configuration (Flower's ``run_config``) holds the Sluice job as JSON (``sluice-job``), the run
-directory the server writes (``out-dir``) and the server's timeouts.
+directory the server writes (``out-dir``), the server's timeouts and how many empty rounds in a row end the
+run (``empty-rounds``, :mod:`sluice.flower.rounds`).
 """
 
 from __future__ import annotations
+
+from sluice.flower.rounds import DEFAULT_EMPTY_ROUNDS
 
 RECORD, META = "sluice", "sluice-meta"
 STATE_RECORD, STATE_META = "sluice-client", "sluice-client-meta"
@@ -39,6 +44,7 @@ RUN_CONFIG_DEFAULTS: dict[str, str | int | float] = {
     "node-wait": 120.0,
     "min-nodes": 0,
     "poll-interval": 0.05,
+    "empty-rounds": DEFAULT_EMPTY_ROUNDS,
     "sluice-control": "",
     "sluice-key": "",
 }

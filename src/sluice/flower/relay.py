@@ -39,6 +39,7 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
+from sluice.flower.rounds import DEFAULT_EMPTY_ROUNDS
 from sluice.schema import Section
 
 
@@ -60,6 +61,9 @@ class FederationConfig(Section):
                                   "(ENGINE_FAILURE)")
     node_wait_s: float = Field(120.0, gt=0, description="how long the first round waits for the nodes")
     start_timeout_s: float = Field(120.0, gt=0, description="a run the SuperLink has not started by then fails")
+    empty_rounds: int = Field(DEFAULT_EMPTY_ROUNDS, ge=1, description="a round no node answers is not an "
+                              "iteration and is sent again; this many such rounds in a row end the job with "
+                              "ENGINE_FAILURE, naming each node's last error")
 
     @field_validator("superlink")
     @classmethod
@@ -78,7 +82,7 @@ class FederationConfig(Section):
 
     def run_config(self) -> dict[str, Any]:
         return {"round-timeout": self.round_timeout_s, "link-timeout": self.link_timeout_s,
-                "node-wait": self.node_wait_s, "min-nodes": self.nodes}
+                "node-wait": self.node_wait_s, "min-nodes": self.nodes, "empty-rounds": self.empty_rounds}
 
 
 def unreachable(fed: FederationConfig, timeout_s: float = 10.0) -> str | None:

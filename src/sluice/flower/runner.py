@@ -4,7 +4,9 @@ Locally (the default) it starts a :class:`LocalDeployment` in ``<run>/flower`` (
 one SuperNode per terminal), submits the job, follows the run directory the ServerApp writes (progress from
 ``metrics.jsonl``, the end from ``report.json``) and stops every process it started, on success, failure
 and Ctrl-C alike. Against a SuperLink elsewhere (``superlink=HOST:PORT``) it submits the job and streams
-the run's log; the run directory is then on the SuperLink's host.
+the run's log; the run directory is then on the SuperLink's host, and the exit status is the one of the report
+there, which the ServerApp prints at the end of the log. ``node_args`` (``--node-arg``) give each local node
+its own task arguments.
 
 Failures end with a report, never a hang: a ServerApp that fails writes its error next to the run, and
 when the SuperLink dies the ServerApp's calls time out (``link_timeout_s``) and it reports
@@ -22,7 +24,7 @@ import re
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +36,12 @@ from sluice.flower.deploy import (
     LocalDeployment,
     _bin,
     flower_env,
+    log_reason,
     run_status,
     submit,
     write_connection,
 )
+from sluice.flower.rounds import DEFAULT_EMPTY_ROUNDS
 from sluice.jobs import Job
 from sluice.runs import new_run_path
 
@@ -55,10 +59,37 @@ class FlowerOptions:
     node_wait_s: float = 120.0
     poll_s: float = 0.05
     start_timeout_s: float = 120.0  # a run the SuperLink accepted and has not started by then fails
+    empty_rounds: int = DEFAULT_EMPTY_ROUNDS  # rounds in a row no node answers that end the run
+    node_args: list[str] = field(default_factory=list)  # --node-arg [C:]NAME=VALUE (see node_args())
 
     def run_config(self, min_nodes: int = 0) -> dict[str, Any]:
         return {"round-timeout": float(self.round_timeout_s), "link-timeout": float(self.link_timeout_s),
-                "node-wait": float(self.node_wait_s), "min-nodes": int(min_nodes), "poll-interval": float(self.poll_s)}
+                "node-wait": float(self.node_wait_s), "min-nodes": int(min_nodes), "poll-interval": float(self.poll_s),
+                "empty-rounds": int(self.empty_rounds)}
+
+
+def node_args(specs: list[str], nodes: int) -> dict[int, dict[str, Any]]:
+    """The task arguments of each local node from ``--node-arg`` items: ``C:NAME=VALUE`` for node ``C`` alone,
+    ``NAME=VALUE`` for every node, where ``{c}`` in the value becomes the node's terminal. A value is read as
+    TOML (a number, true, a quoted string), else kept as a string; a later item wins."""
+    from sluice.config import _parse_value
+
+    out: dict[int, dict[str, Any]] = {}
+    for spec in specs:
+        head, eq, text = spec.partition("=")
+        where, colon, name = head.rpartition(":") if ":" in head else ("", "", head)
+        if not eq or not name.strip() or (colon and not where.strip().isdigit()):
+            raise DeploymentError(f"--node-arg expects [C:]NAME=VALUE (C a terminal, NAME an argument of the task), "
+                                  f"got {spec!r}")
+        targets = [int(where)] if colon else list(range(nodes))
+        for c in targets:
+            if not 0 <= c < nodes:
+                raise DeploymentError(f"--node-arg {spec!r}: node {c} is not one of the {nodes} local nodes")
+            value = _parse_value(text.strip().replace("{c}", str(c)))
+            if not isinstance(value, str | int | float | bool):
+                raise DeploymentError(f"--node-arg {spec!r}: a node setting is a string, number or boolean")
+            out.setdefault(c, {})[name.strip()] = value
+    return out
 
 
 def _terminals(job: Job) -> int:
@@ -75,7 +106,7 @@ def _iterations(job: Job) -> int:
     return int(t.iterations) if t is not None and t.iterations is not None else int(job.config.train.rounds)
 
 
-def _failure_report(job: Job, out: Path, detail: str) -> dict[str, Any]:
+def failure_report(job: Job, out: Path, detail: str) -> dict[str, Any]:
     """The report of a run whose ServerApp could not write one (the SuperLink died with it, or never started
     it); written into ``out`` where this host can (a SuperLink elsewhere has the run directory)."""
     from sluice.control import Cause, ProcessState, TrainingReport
@@ -113,22 +144,6 @@ def _started(status: dict[str, Any]) -> bool:
     return str(status.get("status", "")).startswith(("running", "finished"))
 
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_EXCEPTION = re.compile(r"^[\w.]*(Error|Exception): ")
-
-
-def _log_reason(log: Path | None) -> str:
-    """The last exception a Flower log records (else its last ``ERROR`` line): why a run did not start."""
-    if log is None or not log.exists():
-        return ""
-    lines = [_ANSI.sub("", line).strip() for line in log.read_text(encoding="utf-8", errors="replace").splitlines()]
-    for pattern in (_EXCEPTION, re.compile(r"^ERROR\b")):
-        found = [line for line in lines if pattern.search(line)]
-        if found:
-            return found[-1]
-    return ""
-
-
 def _not_started(job: Job, out: Path, home: Path, run_id: int, status: dict[str, Any], opts: FlowerOptions,
                  log: Path | None = None) -> dict[str, Any]:
     """Stop run ``run_id``, which the SuperLink accepted and has not started, and report why: ``ENGINE_FAILURE``
@@ -138,7 +153,7 @@ def _not_started(job: Job, out: Path, home: Path, run_id: int, status: dict[str,
                        timeout=60, check=False)
     state = str(status.get("status") or "unknown")
     details = str(status.get("status-details") or "N/A")
-    why = _log_reason(log)
+    why = log_reason(log)
     if why:
         why = f"the SuperLink's log ({log}) says: {why}"
     else:
@@ -147,7 +162,7 @@ def _not_started(job: Job, out: Path, home: Path, run_id: int, status: dict[str,
                "names 127.0.0.1 and localhost too)")
     detail = (f"the SuperLink accepted Flower run {run_id} but did not start it within {opts.start_timeout_s:g} s "
               f"(status {state}{'' if details == 'N/A' else ': ' + details}); {why}")
-    return _failure_report(job, out, detail)
+    return failure_report(job, out, detail)
 
 
 def _await_start(home: Path, run_id: int, opts: FlowerOptions) -> dict[str, Any]:
@@ -211,8 +226,8 @@ def _look(job: Job, out: Path, dep: LocalDeployment, run_id: int, w: _Watch, see
                       f"{opts.link_timeout_s + 15:g} s for the ServerApp's report[/]")
     if w.link_dead_at is not None:
         if time.monotonic() - w.link_dead_at > opts.link_timeout_s + 15:
-            return _failure_report(job, out, f"the SuperLink exited (status {link.returncode}) at round "
-                                             f"{seen + 1}; the ServerApp left no report")
+            return failure_report(job, out, f"at round {seen + 1} the SuperLink exited{dep.exit_reason()}; the "
+                                             "ServerApp left no report")
         return None
     late = not w.started and time.monotonic() > w.start_by
     if late or time.monotonic() > w.next_check:
@@ -224,7 +239,7 @@ def _look(job: Job, out: Path, dep: LocalDeployment, run_id: int, w: _Watch, see
         if str(status.get("status", "")).startswith("finished") and w.finished_at is None:
             w.finished_at = time.monotonic()
         if w.finished_at is not None and time.monotonic() - w.finished_at > 10:
-            return _failure_report(job, out, f"the Flower run ended ({status.get('status')}) without a report; "
+            return failure_report(job, out, f"the Flower run ended ({status.get('status')}) without a report; "
                                              f"see {dep.logs}")
     return None
 
@@ -282,22 +297,32 @@ def run_on_flower(job: Job, out: str | None, opts: FlowerOptions, *, console: Co
     refusal = node_data_refusal(job.requirements)
     if refusal is not None:
         raise DeploymentError(refusal)
+    if opts.empty_rounds < 1:
+        raise DeploymentError(f"--empty-rounds must be at least 1, got {opts.empty_rounds}")
     if opts.superlink is not None:
+        if opts.node_args:
+            raise DeploymentError("--node-arg sets up the nodes sluice run starts; the SuperNodes of a SuperLink "
+                                  "elsewhere take theirs in --node-config 'task.NAME=VALUE'")
         return _run_remote(job, out_path, opts, console=console)
     terminals = _terminals(job)
     nodes = opts.nodes or terminals
     if not 1 <= nodes <= terminals:
         raise DeploymentError(f"--nodes must be in 1..{terminals} (data.num_clients: one terminal per node), "
                               f"got {nodes}")
+    own = node_args(opts.node_args, nodes)
     work = out_path / "flower"
     work.mkdir(parents=True, exist_ok=True)
-    dep = LocalDeployment(work, nodes=nodes, tls=not opts.insecure, terminals=terminals)
+    dep = LocalDeployment(work, nodes=nodes, tls=not opts.insecure, terminals=terminals, node_args=own)
     try:
         dep.start()
         console.print(f"[bold]sluice run --runtime flower[/]: SuperLink {dep.address} "
                       f"({'insecure' if opts.insecure else 'TLS, CA ' + str(dep.certs.ca)}), {nodes} SuperNodes "
                       f"for {terminals} terminals; logs in {dep.logs}")
-        sub = submit(job.dump(), out_path, work, dep.home, run_config=opts.run_config(min(nodes, terminals)))
+        try:
+            sub = submit(job.dump(), out_path, work, dep.home, run_config=opts.run_config(min(nodes, terminals)))
+        except DeploymentError as exc:
+            link = dep.exit_reason()  # the SuperLink it started may have died since it listened
+            raise DeploymentError(f"{exc}; the SuperLink exited{link}" if link else str(exc)) from None
         console.print(f"Flower run {sub.run_id}")
         report = follow(job, out_path, dep, sub.run_id, console=console, opts=opts)
         _write_flower_counts(out_path, dep.home, sub.run_id, console)
@@ -373,8 +398,7 @@ def _run_remote(job: Job, out: Path, opts: FlowerOptions, *, console: Console) -
             if not _started(status):
                 console.print(f"[red]Flower run {sub.run_id} did not start within {opts.start_timeout_s:g} s[/]")
                 return _show(_not_started(job, out, home, sub.run_id, status, opts), out, console)
-            subprocess.run([_bin("flwr"), "log", str(sub.run_id), "sluice", "--stream"], env=flower_env(home),
-                           check=False)
+            code = stream_log(home, sub.run_id)
         except KeyboardInterrupt:
             subprocess.run(stop, env=flower_env(home), check=False, timeout=60)
             raise
@@ -383,4 +407,32 @@ def _run_remote(job: Job, out: Path, opts: FlowerOptions, *, console: Console) -
     local_report = out / "report.json"
     if local_report.exists():  # the SuperLink runs on this host
         return _show(json.loads(local_report.read_text(encoding="utf-8")), out, console)
+    if code is not None:  # the report's exit status, as the ServerApp printed it
+        return code
     return 0 if status == "finished:completed" else 9
+
+
+_EXIT_LINE = re.compile(r"sluice: training finished, exit status (\d+)")
+
+
+def stream_log(home: Path, run_id: int) -> int | None:
+    """Print the run's log here as it comes (``flwr log --stream``) until the run ends; the exit status of its
+    report, which the ServerApp prints last (None when the log does not say: the run ended otherwise)."""
+    import sys
+
+    proc = subprocess.Popen([_bin("flwr"), "log", str(run_id), "sluice", "--stream"], env=flower_env(home),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+    code = None
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            found = _EXIT_LINE.search(line)
+            if found:
+                code = int(found.group(1))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    return code

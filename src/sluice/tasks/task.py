@@ -16,6 +16,7 @@ refuses a task whose parts do not fit together before anything trains.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -41,6 +42,9 @@ MetricFn = Callable[[np.ndarray, np.ndarray], float]
 reshaped to the targets and the targets."""
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 OptimizerFactory = Callable[[Iterable[nn.Parameter], float], torch.optim.Optimizer]
+
+_SEEDED = threading.RLock()
+"""Held while a factory draws from torch's seeded generator (:func:`seeded_module`)."""
 
 EVAL_CHUNK = 4096
 """Test samples per forward pass in :func:`predict`."""
@@ -244,8 +248,9 @@ def build_model(task: Task, seed: int) -> nn.Module:
 
 def seeded_module(factory: Callable[[], nn.Module], seed: int, task: str, what: str) -> nn.Module:
     """``factory()`` with torch's generator seeded from ``seed`` (restored afterwards); :class:`TaskError` naming
-    ``task`` and ``what`` when the factory fails or returns something else than a module with parameters."""
-    with torch.random.fork_rng(devices=[]):
+    ``task`` and ``what`` when the factory fails or returns something else than a module with parameters. One
+    factory at a time in a process: torch's generator is one for every thread (split parties in threads)."""
+    with _SEEDED, torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))
         try:
             model = factory()
