@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -67,12 +66,6 @@ def make_optimizer(params: list[nn.Parameter], hp: dict[str, Any]) -> torch.opti
     if hp["optimizer"] == "sgd":
         return torch.optim.SGD(params, lr=hp["lr"], momentum=hp["momentum"], weight_decay=hp["weight_decay"])
     raise ConfigError(f"unknown optimizer {hp['optimizer']!r}; allowed: sgd, adam")
-
-
-def targets(y: np.ndarray, task: str, dtype: torch.dtype) -> torch.Tensor:
-    """Labels as :func:`head_loss` takes them: int64 class ids, or regression targets in the model's dtype."""
-    t = torch.from_numpy(np.ascontiguousarray(y))
-    return t if task == "classification" else t.to(dtype)
 
 
 def group_loss(task: SplitTask, z: torch.Tensor, y: torch.Tensor, batch: int) -> torch.Tensor:

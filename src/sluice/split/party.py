@@ -26,7 +26,6 @@ from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import numpy as np
 import psutil
 import torch
 from torch import nn
@@ -285,10 +284,6 @@ class RawChannel:
         while not raws:
             self.worker.pump(True, f"the intersection of ids with {self.peer}")
         return raws.popleft()[0]
-
-
-def to_tensor(x: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(x)).to(dtype)
 
 
 def params_of(*modules: nn.Module | None) -> list[nn.Parameter]:
