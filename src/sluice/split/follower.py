@@ -247,7 +247,7 @@ class Follower(Worker):
         """Seconds of this party's operations for groups of ``n`` samples (linear fit ``a0 + a1 n`` from
         two sizes, best of ``repeats``) and encoded bytes of what it sends per group. The seconds are the CPU
         time of this thread, which computes alone (one torch thread), as the leader times its own (see
-        :meth:`sluice.split.leader.Leader._time`)."""
+        :func:`sluice.split.calibrate.profile_leader`)."""
         assert self.model is not None
         sizes = profile_sizes(batch)
         kept = {k: v.clone() for k, v in self.model.state_dict().items()}

@@ -24,20 +24,11 @@ from sluice.metrics import classification_metrics, regression_metrics
 from sluice.models.device import resolve_device
 from sluice.tasks.split import SplitTask, build_part, fit_shapes
 from sluice.transport.link import Link
-from sluice.wire.tensor import encode_raw
 
+from .calibrate import choose_g
 from .config import SplitConfig
 from .data import party_data
-from .grouping import (
-    GroupChoice,
-    PipeStageModel,
-    StepModel,
-    choose_groups,
-    linear_fit,
-    profile_sizes,
-    seed_formula,
-    split_batch,
-)
+from .grouping import GroupChoice, split_batch
 from .models import check_exact, group_loss, make_optimizer, train_last_layers
 from .party import Worker, params_of
 from .plan import BatchPlan, Plan, agree_rows, eval_due, hello_for, make_plan, proposal_for
@@ -195,132 +186,14 @@ class Leader(Worker):
             self._refused(name, msg)
             self.accepted[name] = msg.body
 
-    # -- choosing G (SPEC P1) ------------------------------------------------------------------
-    def _time(self, fn: Any, repeats: int = 3) -> float:
-        """Seconds of ``fn()``: the CPU time of this thread (torch computes in it alone), best of ``repeats``.
-        Not the wall time: on a loaded machine that counts the waits for a core (and, for a party in a thread,
-        for the interpreter lock), which are no cost of the operation."""
-        best = float("inf")
-        for _ in range(repeats):
-            t0 = time.thread_time()
-            fn()
-            best = min(best, time.thread_time() - t0)
-        return best
-
-    def profile_self(self, batch: int) -> dict[str, list[float]]:
-        """Linear fits ``a0 + a1 n`` of the leader's operations (seconds for a group of ``n``)."""
-        sizes = profile_sizes(batch)
-        kept = [(m, {k: v.clone() for k, v in m.state_dict().items()}) for m in (self.top, self.bottom) if m]
-        meas: dict[str, list[float]] = {"head": [], "bottom.fwd": [], "bottom.bwd": []}
-        gen = torch.Generator().manual_seed(0)
-        for n in sizes:
-            y = self.y[torch.arange(n) % len(self.y)]
-            z_in = torch.randn((n, *self.top_in), dtype=self.dtype, generator=gen).to(self.device)
-
-            def head(z_in: torch.Tensor = z_in, y: torch.Tensor = y, n: int = n) -> None:
-                zi = z_in.clone().requires_grad_(True)
-                group_loss(self.party_task, self.top(zi), y, n).backward()
-
-            meas["head"].append(self._time(head))
-            if self.bottom is not None:
-                x = self.X[torch.arange(n) % len(self.X)]
-                meas["bottom.fwd"].append(self._time(lambda x=x: self.bottom(x)))
-                h = self.bottom(x)
-                g = torch.ones_like(h)
-                meas["bottom.bwd"].append(self._time(lambda h=h, g=g: h.backward(g, retain_graph=True)))
-        for m, state in kept:  # running statistics (BatchNorm) as they were
-            m.zero_grad(set_to_none=True)
-            m.load_state_dict(state)
-        return {k: linear_fit(sizes, v) for k, v in meas.items() if v}
-
-    def _wait_raw(self, peer: str) -> float:
-        while not self.raws[peer]:
-            self.pump(True, f"a link probe from {peer}")
-        _, arrived = self.raws[peer].popleft()
-        return arrived
-
-    def probe_link(self, peer: str, nbytes: int) -> dict[str, float]:
-        """Round-trip time and bandwidth each way (bytes/s) of the link to ``peer``."""
-        rtts = []
-        for i in range(3):
-            t0 = time.perf_counter()
-            self.send_control(peer, "ping", {"i": i})
-            msg = self.wait_control(peer, "pong", "a pong")
-            rtts.append(time.perf_counter() - t0)
-            del msg
-        rtt = min(rtts)
-        t0 = time.perf_counter()
-        self.send_raw(peer, bytes(nbytes))
-        self.wait_control(peer, "probe_ack", "a probe acknowledgement")
-        down_s = time.perf_counter() - t0 - rtt
-        frame = len(encode_raw(bytes(nbytes)))
-        t0 = time.perf_counter()
-        self.send_control(peer, "probe_req", {"bytes": nbytes})
-        up_s = self._wait_raw(peer) - t0 - rtt
-        floor = frame / 1e11  # an unlimited link: treat as 100 GB/s
-        return {
-            "rtt_s": rtt,
-            "down_Bps": frame / max(down_s, floor),
-            "up_Bps": frame / max(up_s, floor),
-        }
-
-    def choose_g(self) -> int:
-        """Measure, predict the step time for every G and pick the best (see :mod:`sluice.split.grouping`)."""
-        B = self.cfg.train.batch_size
-        mine = self.profile_self(B)
-        emb_bytes = B * max(int(np.prod(r["out_shape"])) for r in self.ready.values()) * self.dtype.itemsize
-        nbytes = int(min(2 << 20, max(64 << 10, emb_bytes)))
-        prof: dict[str, dict[str, Any]] = {}
-        for name in self.followers:
-            self.send_control(name, "profile_req", {"batch": B})
-            prof[name] = self.wait_control(name, "profile", "a compute profile").body
-        links = {name: self.probe_link(name, nbytes) for name in self.followers}
-        o = self.cfg.pipeline.op_overhead_ms / 1000.0
-
-        def cpu(name: str, who: str, fit: list[float]) -> PipeStageModel:
-            return PipeStageModel(name, f"cpu:{who}", fit[0] + o, fit[1])
-
-        chains, extra, lat = [], [], 0.0
-        seed_vals = []
-        for name in self.followers:
-            p, lk = prof[name], links[name]
-            fw, bw = cpu("follower.fwd", name, p["fwd"]), cpu("follower.bwd", name, p["bwd"])
-            up = PipeStageModel("up", f"up:{name}", *p["bytes"], bandwidth=lk["up_Bps"])
-            down = PipeStageModel("down", f"down:{name}", *p["bytes"], bandwidth=lk["down_Bps"])
-            head = cpu("head", "leader", mine["head"])
-            send_bytes = p["bytes"][0] + p["bytes"][1] * B
-            if self.topo.u_shape:
-                a1f = cpu("leader.fwd", "leader", mine["bottom.fwd"])
-                a1b = cpu("leader.bwd", "leader", mine["bottom.bwd"])
-                down2 = PipeStageModel("down", f"down:{name}", *p["bytes"], bandwidth=lk["down_Bps"])
-                up2 = PipeStageModel("up", f"up:{name}", *p["bytes"], bandwidth=lk["up_Bps"])
-                chains.append([a1f, down, fw, up, head, down2, bw, up2, a1b])
-                lat = max(lat, 2 * lk["rtt_s"])
-                compute = a1f.seconds(B) + a1b.seconds(B)
-            else:
-                chains.append([fw, up, head, down, bw])
-                lat = max(lat, lk["rtt_s"])
-                compute = fw.seconds(B) + bw.seconds(B)
-            seed_vals.append(seed_formula(send_bytes, lk["up_Bps"], compute))
-        if self.topo.leader_bottom and not self.topo.u_shape:
-            extra = [
-                cpu("leader.fwd", "leader", mine["bottom.fwd"]),
-                cpu("leader.bwd", "leader", mine["bottom.bwd"]),
-            ]
-        model = StepModel(chains, lat, extra)
-        choice = choose_groups(model, B, self.cfg.pipeline.max_groups, max(seed_vals))
-        self.choice = choice
-        self.calibration = {"leader": mine, "followers": prof, "links": links, "probe_bytes": nbytes}
-        return choice.groups
-
     def start(self) -> None:
         """Negotiate, choose G and tell the followers to start."""
         self.negotiate()
         g = self.cfg.pipeline.groups
         if g == "auto":
-            self.groups = self.choose_g()
+            self.groups = choose_g(self)
         elif g == "seed":
-            self.choose_g()
+            choose_g(self)
             assert self.choice is not None
             B = self.cfg.train.batch_size
             top = max(1, min(self.cfg.pipeline.max_groups, B))
