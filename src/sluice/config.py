@@ -34,7 +34,7 @@ def format_validation_error(exc: ValidationError) -> str:
     return "invalid configuration:\n  " + "\n  ".join(lines)
 
 
-def _parse_value(text: str) -> Any:
+def parse_value(text: str) -> Any:
     """Read an override value as TOML/JSON when it parses, else keep it as a string."""
     try:
         return tomllib.loads(f"v = {text}")["v"]
@@ -59,7 +59,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"--set {key}: {p!r} is a value, not a section")
-        node[parts[-1]] = _parse_value(value.strip())
+        node[parts[-1]] = parse_value(value.strip())
     return raw
 
 

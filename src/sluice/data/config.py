@@ -55,7 +55,8 @@ ScenarioTable = Annotated[dict[str, Any], AfterValidator(_checked_scenario),
 
 
 class DataConfig(Section):
-    dataset: Literal["digits", "breast_cancer", "mnist", "synthetic", "coverage", "energy", "kpi_anomaly"] = "digits"
+    dataset: str = Field("digits", description="a built-in dataset; the engines' sections name those they train "
+                         "(sluice.tasks.config)")
     num_clients: int | None = Field(
         None, ge=1, le=100_000,
         description=f"clients; default {DEFAULT_CLIENTS}, or a scenario's parties (a given value must equal them)",

@@ -66,7 +66,7 @@ def main(grid: Grid, context: Context) -> None:
         except TrainingError as exc:  # the engine could not start: no node answered, or the SuperLink went away
             if out is None:
                 raise
-            from sluice.flower.runner import failure_report
+            from sluice.flower.failure import failure_report
 
             failure_report(job, Path(out), f"the engine could not start: {exc}")
             code = 9  # ENGINE_FAILURE, the report's exit status

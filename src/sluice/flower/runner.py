@@ -41,6 +41,7 @@ from sluice.flower.deploy import (
     submit,
     write_connection,
 )
+from sluice.flower.failure import failure_report, records_of
 from sluice.flower.rounds import DEFAULT_EMPTY_ROUNDS
 from sluice.jobs import Job
 from sluice.runs import new_run_path
@@ -72,7 +73,7 @@ def node_args(specs: list[str], nodes: int) -> dict[int, dict[str, Any]]:
     """The task arguments of each local node from ``--node-arg`` items: ``C:NAME=VALUE`` for node ``C`` alone,
     ``NAME=VALUE`` for every node, where ``{c}`` in the value becomes the node's terminal. A value is read as
     TOML (a number, true, a quoted string), else kept as a string; a later item wins."""
-    from sluice.config import _parse_value
+    from sluice.config import parse_value
 
     out: dict[int, dict[str, Any]] = {}
     for spec in specs:
@@ -85,7 +86,7 @@ def node_args(specs: list[str], nodes: int) -> dict[int, dict[str, Any]]:
         for c in targets:
             if not 0 <= c < nodes:
                 raise DeploymentError(f"--node-arg {spec!r}: node {c} is not one of the {nodes} local nodes")
-            value = _parse_value(text.strip().replace("{c}", str(c)))
+            value = parse_value(text.strip().replace("{c}", str(c)))
             if not isinstance(value, str | int | float | bool):
                 raise DeploymentError(f"--node-arg {spec!r}: a node setting is a string, number or boolean")
             out.setdefault(c, {})[name.strip()] = value
@@ -104,39 +105,6 @@ def _terminals(job: Job) -> int:
 def _iterations(job: Job) -> int:
     t = job.termination
     return int(t.iterations) if t is not None and t.iterations is not None else int(job.config.train.rounds)
-
-
-def failure_report(job: Job, out: Path, detail: str) -> dict[str, Any]:
-    """The report of a run whose ServerApp could not write one (the SuperLink died with it, or never started
-    it); written into ``out`` where this host can (a SuperLink elsewhere has the run directory)."""
-    from sluice.control import Cause, ProcessState, TrainingReport
-
-    records = _records(out)
-    last = records[-1] if records else {}
-    report = TrainingReport(
-        cause=Cause.ENGINE_FAILURE, status=ProcessState.FAILED, detail=detail, model=job.model,
-        performance={k: float(v) for k, v in last.items() if isinstance(v, int | float)
-                     and k not in ("round", "seconds") and not k.startswith(("bytes_", "cum_bytes_"))},
-        iterations=len(records), bytes_up=int(last.get("cum_bytes_up", 0)),
-        bytes_down=int(last.get("cum_bytes_down", 0)), termination=job.termination, requirements=job.requirements)
-    doc = report.to_json()
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "report.json").write_text(json.dumps(doc, indent=2), encoding="utf-8")
-    except OSError:
-        pass  # the report is still shown and its exit status returned
-    return doc
-
-
-def _records(out: Path) -> list[dict[str, Any]]:
-    path = out / "metrics.jsonl"
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        with contextlib.suppress(ValueError):
-            rows.append(json.loads(line))
-    return rows
 
 
 def _started(status: dict[str, Any]) -> bool:
@@ -260,7 +228,7 @@ def follow(job: Job, out: Path, dep: LocalDeployment, run_id: int, *, console: C
     with progress:
         while True:
             try:
-                records = _records(out)
+                records = records_of(out)
                 for r in records[seen:]:
                     acc = r.get("test_accuracy")
                     progress.update(task, completed=r.get("round", seen + 1),
@@ -335,7 +303,7 @@ def _write_flower_counts(out: Path, home: Path, run_id: int, console: Console) -
     """``flower.json``: Sluice's payload bytes beside what Flower counted for the whole run."""
     from rich.table import Table
 
-    records = _records(out)
+    records = records_of(out)
     status: dict[str, Any] = {}
     for _ in range(10):  # the run's counters are final once Flower marks it finished
         status = run_status(home, run_id)

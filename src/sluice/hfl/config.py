@@ -15,7 +15,7 @@ from pydantic import Field, model_validator
 
 from sluice.data.config import DataConfig
 from sluice.schema import DEVICE_PATTERN, Section
-from sluice.tasks.config import TaskConfig
+from sluice.tasks.config import TABULAR_NAMES, TaskConfig
 
 
 class ModelConfig(Section):
@@ -126,11 +126,15 @@ class CompressionConfig(Section):
         return min(1.0, self.down_budget * max(1, uploads) / max(1, clients))
 
 
+class HFLData(DataConfig):
+    dataset: Literal[TABULAR_NAMES] = Field("digits", description="the built-in dataset of the default MLP task")
+
+
 class HFLConfig(Section):
     seed: int = Field(0, description="seeds the data split, the model, sampling and compression: the same "
                       "configuration gives the same numbers")
     task: TaskConfig = Field(default_factory=TaskConfig)
-    data: DataConfig = Field(default_factory=DataConfig)
+    data: HFLData = Field(default_factory=HFLData)
     model: ModelConfig = Field(default_factory=ModelConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     compression: CompressionConfig = Field(default_factory=CompressionConfig)

@@ -14,11 +14,14 @@ from pydantic import Field
 
 from sluice.data.config import ScenarioTable
 from sluice.schema import DEVICE_PATTERN, Section
-from sluice.tasks.config import TaskConfig
+from sluice.tasks.config import TABULAR_NAMES, TaskConfig
+
+LOCAL_NAMES = tuple(n for n in TABULAR_NAMES if n != "synthetic")
+"""The built-in datasets of local training (FedProx's synthetic data is made for clients)."""
 
 
 class LocalData(Section):
-    dataset: Literal["digits", "breast_cancer", "mnist", "coverage", "energy", "kpi_anomaly"] = "digits"
+    dataset: Literal[LOCAL_NAMES] = "digits"
     test_fraction: float = Field(0.2, gt=0, lt=1, description="share of an embedded dataset held out for testing")
     max_train_samples: int | None = Field(None, ge=1, description="start with only this many samples")
     scenario: ScenarioTable = Field(default_factory=dict)

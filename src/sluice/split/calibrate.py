@@ -1,13 +1,13 @@
 """The leader's measurements behind the choice of G (SPEC P1): its own operations, each follower's compute
 profile and each link's round-trip time and bandwidth each way, fed to the step-time model of
-:mod:`sluice.split.grouping`. Functions of a :class:`~sluice.split.leader.Leader` between the proposal and
-the start of training.
+:mod:`sluice.split.grouping`. Functions of the leader (:class:`sluice.split.leader.Leader`, which calls them)
+between the proposal and the start of training.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -16,9 +16,6 @@ from sluice.wire.tensor import encode_raw
 
 from .grouping import PipeStageModel, StepModel, choose_groups, linear_fit, profile_sizes, seed_formula
 from .models import group_loss
-
-if TYPE_CHECKING:
-    from .leader import Leader
 
 
 def _time(fn: Any, repeats: int = 3) -> float:
@@ -32,7 +29,7 @@ def _time(fn: Any, repeats: int = 3) -> float:
         best = min(best, time.thread_time() - t0)
     return best
 
-def profile_leader(leader: Leader, batch: int) -> dict[str, list[float]]:
+def profile_leader(leader: Any, batch: int) -> dict[str, list[float]]:
     """Linear fits ``a0 + a1 n`` of the leader's operations (seconds for a group of ``n``)."""
     sizes = profile_sizes(batch)
     kept = [(m, {k: v.clone() for k, v in m.state_dict().items()}) for m in (leader.top, leader.bottom) if m]
@@ -58,13 +55,13 @@ def profile_leader(leader: Leader, batch: int) -> dict[str, list[float]]:
         m.load_state_dict(state)
     return {k: linear_fit(sizes, v) for k, v in meas.items() if v}
 
-def _wait_raw(leader: Leader, peer: str) -> float:
+def _wait_raw(leader: Any, peer: str) -> float:
     while not leader.raws[peer]:
         leader.pump(True, f"a link probe from {peer}")
     _, arrived = leader.raws[peer].popleft()
     return arrived
 
-def probe_link(leader: Leader, peer: str, nbytes: int) -> dict[str, float]:
+def probe_link(leader: Any, peer: str, nbytes: int) -> dict[str, float]:
     """Round-trip time and bandwidth each way (bytes/s) of the link to ``peer``."""
     rtts = []
     for i in range(3):
@@ -89,7 +86,7 @@ def probe_link(leader: Leader, peer: str, nbytes: int) -> dict[str, float]:
         "up_Bps": frame / max(up_s, floor),
     }
 
-def choose_g(leader: Leader) -> int:
+def choose_g(leader: Any) -> int:
     """Measure, predict the step time for every G and pick the best (see :mod:`sluice.split.grouping`)."""
     B = leader.cfg.train.batch_size
     mine = profile_leader(leader, B)

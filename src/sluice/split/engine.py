@@ -47,7 +47,8 @@ import torch
 from sluice.engine import IterationEvent
 from sluice.errors import ConfigError, TrainingError
 from sluice.metrics import MetricSpec
-from sluice.tasks.split import SplitTask, load_split_task
+from sluice.tasks.resolve import load_split_task
+from sluice.tasks.split import SplitTask
 from sluice.transport.link import Link
 
 from .config import SplitConfig

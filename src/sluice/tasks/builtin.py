@@ -29,9 +29,10 @@ from sluice.data import load_dataset
 from sluice.data.config import DataConfig
 from sluice.data.federated import FederatedData, load_federated
 from sluice.models import mlp
+from sluice.tasks.config import TABULAR_NAMES
 from sluice.tasks.task import Partition, Task
 
-TABULAR = ("digits", "breast_cancer", "mnist", "synthetic", "coverage", "energy", "kpi_anomaly")
+TABULAR = TABULAR_NAMES
 """Built-in tasks that train an MLP of ``[model] hidden`` on a dataset of ``[data]``."""
 
 

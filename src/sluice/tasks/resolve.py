@@ -1,4 +1,5 @@
-"""How a job's task is built (:func:`load_task`) and split among clients (:func:`client_datasets`)."""
+"""How a job's task is built (:func:`load_task`; a split party's: :func:`load_split_task`) and split among
+clients (:func:`client_datasets`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from sluice.errors import DataError, TaskError
-from sluice.tasks.config import TaskConfig, call_factory, import_factory
+from sluice.tasks.config import SPLIT_BUILTIN_NAMES, TaskConfig, call_factory, import_factory
+from sluice.tasks.split import SplitTask
 from sluice.tasks.task import Task, extend, take, targets_of
 
 _TABULAR_KEYS = ("test_fraction", "synthetic_alpha", "synthetic_beta", "num_clients", "scenario")
@@ -58,6 +60,23 @@ def client_datasets(task: Task, data: Any = None, *, seed: int = 0) -> list[Data
     except DataError as exc:
         raise TaskError(f"task {task.name!r}: {exc}") from None
     return [take(task.train, idx) for idx in parts]
+
+
+def load_split_task(section: TaskConfig, *, seed: int, party: str, followers: int, topology: str,
+                    builtin_args: dict[str, Any]) -> SplitTask:
+    """The task a party's ``[task]`` section names: a factory (imported here) or a built-in split task, whose
+    defaults are ``builtin_args`` (the job's ``[data]`` and ``[model]`` settings), under ``[task.args]``."""
+    from sluice.tasks.split_builtin import builtin_split
+
+    context = {"party": party, "followers": followers, "topology": topology}
+    if section.factory is not None:
+        return call_factory(import_factory(section.factory), section.factory, section.args, seed, context,
+                            SplitTask)
+    name = section.name or builtin_args.get("dataset") or "breast_cancer"
+    if name not in SPLIT_BUILTIN_NAMES:
+        raise TaskError(f"unknown built-in split task {name!r}; built-in: {', '.join(SPLIT_BUILTIN_NAMES)}")
+    args = {**builtin_args, **section.args, "dataset": name}
+    return call_factory(builtin_split, name, args, seed, context, SplitTask)
 
 
 @dataclass

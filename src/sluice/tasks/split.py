@@ -23,7 +23,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import torch
@@ -31,7 +31,6 @@ from torch import nn
 
 from sluice.errors import TaskError
 from sluice.metrics import CLASSIFICATION, KNOWN, REGRESSION, MetricSpec, declare
-from sluice.tasks.config import SPLIT_BUILTIN_NAMES, TaskConfig, call_factory, import_factory
 from sluice.tasks.table import Table
 from sluice.tasks.task import LossFn, MetricFn, OptimizerFactory, seeded_module
 
@@ -111,23 +110,6 @@ def build_part(task: SplitTask, which: Literal["bottom", "top"], seed: int, part
     if factory is None:
         raise TaskError(f"task {task.name!r} has no {which} model, which {part} needs")
     return seeded_module(factory, part_seed(seed, part), task.name, f"{which} model ({part})")
-
-
-def load_split_task(section: TaskConfig, *, seed: int, party: str, followers: int, topology: str,
-                    builtin_args: dict[str, Any]) -> SplitTask:
-    """The task a party's ``[task]`` section names: a factory (imported here) or a built-in split task, whose
-    defaults are ``builtin_args`` (the job's ``[data]`` and ``[model]`` settings), under ``[task.args]``."""
-    from sluice.tasks.split_builtin import builtin_split
-
-    context = {"party": party, "followers": followers, "topology": topology}
-    if section.factory is not None:
-        return call_factory(import_factory(section.factory), section.factory, section.args, seed, context,
-                            SplitTask)
-    name = section.name or builtin_args.get("dataset") or "breast_cancer"
-    if name not in SPLIT_BUILTIN_NAMES:
-        raise TaskError(f"unknown built-in split task {name!r}; built-in: {', '.join(SPLIT_BUILTIN_NAMES)}")
-    args = {**builtin_args, **section.args, "dataset": name}
-    return call_factory(builtin_split, name, args, seed, context, SplitTask)
 
 
 def fit_shapes(top: nn.Module, shapes: Sequence[tuple[str, tuple[int, ...]]], dtype: torch.dtype) -> None:
