@@ -125,3 +125,29 @@ def test_a_bottom_output_the_top_cannot_take(tmp_path: Path, tables: Path, capsy
     rc, out = _run(tmp_path, tables, "task.args.followers=2")  # the leader's top expects three bottoms
     _refused(capsys, rc, out, "the top model cannot take the bottom models' outputs", "leader (16,)",
              "follower-1 (16,)")
+
+
+def test_no_party_receives_an_id_it_does_not_hold(tmp_path: Path, tables: Path, monkeypatch) -> None:
+    """Every message each party receives in a whole run (the intersection, the proposal, the steps): none
+    carries an id that only the other party holds."""
+    from sluice.split.party import Worker
+
+    seen: dict[str, list[bytes]] = {"leader": [], "follower": []}
+    absorb = Worker._absorb
+
+    def record(self, d):  # noqa: ANN001, ANN202
+        if d.payload is not None:
+            seen["leader" if self.name == "leader" else "follower"].append(bytes(d.payload))
+        return absorb(self, d)
+
+    monkeypatch.setattr(Worker, "_absorb", record)
+    rc, _ = _run(tmp_path, tables)
+    assert rc == 0
+    ids = {p: {r[0] for r in _rows(tables / f"{p}.csv")[1:]} for p in ("leader", "follower-1")}
+    only = {"leader": ids["follower-1"] - ids["leader"], "follower": ids["leader"] - ids["follower-1"]}
+    for party, payloads in seen.items():
+        blob = b"\n".join(payloads)
+        assert len(payloads) > 10 and only[party]
+        assert not [i for i in only[party] if i.encode() in blob], party
+    shared = ids["leader"] & ids["follower-1"]
+    assert sum(i.encode() in b"\n".join(seen["follower"]) for i in shared) == len(shared)  # the agreed rows
