@@ -200,8 +200,9 @@ class Leader(Worker):
             self.groups = int(min(top, max(1, round(self.choice.seed_formula))))
         else:
             self.groups = int(g)
-        if self.bottom is not None:
-            check_exact(self.bottom, "leader.bottom", self.groups, self.cfg.model.allow_batch_coupled)
+        for part, module in (("leader.bottom", self.bottom), ("leader.top", self.top)):
+            if module is not None:
+                check_exact(module, part, self.groups, self.cfg.model.allow_batch_coupled)
         if self.on_negotiated is not None:
             self.on_negotiated()
         for name in self.followers:
