@@ -12,7 +12,7 @@ The layers, top to bottom (a module may import its own layer and those below it,
     bytes, codecs, links  wire/ (the one byte format, state and checkpoints included), compress/, transport/,
                           psi/ (private set intersection over any channel)
     tasks, data, models   tasks/, data/, models/
-    foundation            errors.py, schema.py, config.py, metrics.py, _lazy.py
+    foundation            errors.py, schema.py, config.py, metrics.py, files.py (atomic writes), _lazy.py
 
 A package is a subpackage of sluice or one of its top-level modules. An import is an ``import`` or ``from``
 statement anywhere (top level, in a function, under TYPE_CHECKING), an ``importlib.import_module`` (or
@@ -43,7 +43,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "engines": ("sluice.hfl", "sluice.split", "sluice.local", "sluice.engine"),
     "bytes, codecs and links": ("sluice.wire", "sluice.compress", "sluice.transport", "sluice.psi"),
     "tasks, data and models": ("sluice.tasks", "sluice.data", "sluice.models"),
-    "foundation": ("sluice.errors", "sluice.schema", "sluice.config", "sluice.metrics", "sluice._lazy"),
+    "foundation": ("sluice.errors", "sluice.schema", "sluice.config", "sluice.metrics", "sluice.files",
+                   "sluice._lazy"),
 }
 """Each layer's packages, top layer first."""
 

@@ -201,7 +201,9 @@ def test_tokens_file_is_owner_only_even_over_a_leftover(tmp_path) -> None:
     from sluice.service.auth import read_tokens_file
 
     path = tmp_path / "tokens.toml"
-    leftover = tmp_path / "tokens.toml.tmp"  # e.g. from an interrupted write, readable by everyone
+    import os
+
+    leftover = tmp_path / f"tokens.toml.{os.getpid()}.tmp"  # e.g. from an interrupted write, readable by everyone
     leftover.write_text("junk")
     leftover.chmod(0o644)
     token = add_token(path, "ops")

@@ -7,7 +7,6 @@ Files are written to a temporary name and renamed, so an interrupted run never l
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from pathlib import Path
@@ -16,12 +15,7 @@ from typing import Any
 import tomli_w
 
 from sluice.config import toml_ready
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+from sluice.files import atomic_write
 
 
 def new_run_path(prefix: str = "run") -> Path:
@@ -46,7 +40,7 @@ class RunDir:
 
     def write_config(self, config: dict[str, Any]) -> None:
         self._written.add(self.path / "config.toml")
-        _atomic_write(self.path / "config.toml", tomli_w.dumps(toml_ready(config)).encode())
+        atomic_write(self.path / "config.toml", tomli_w.dumps(toml_ready(config)).encode())
 
     def log(self, record: dict[str, Any]) -> None:
         self._metrics.write(json.dumps(record) + "\n")
@@ -55,7 +49,7 @@ class RunDir:
     def write_json(self, name: str, obj: Any) -> Path:
         path = self.path / name
         self._written.add(path)
-        _atomic_write(path, (json.dumps(obj, indent=2, default=str) + "\n").encode())
+        atomic_write(path, (json.dumps(obj, indent=2, default=str) + "\n").encode())
         return path
 
     def close(self) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from sluice.errors import DataError
+from sluice.files import atomic_path
 
 INBOX = "inbox"
 
@@ -82,11 +83,9 @@ def put(run_dir: str | Path, path: str | Path, client: int | None = None) -> Pat
         arrays["client"] = client
     box = inbox_of(run_dir)
     box.mkdir(exist_ok=True)
-    name = f"{time.time_ns():020d}-{os.getpid()}.npz"
-    tmp = box / (name + ".tmp")
-    save_arrays(tmp, arrays["X"], arrays["y"], arrays.get("client"))
-    final = box / name
-    os.replace(tmp, final)
+    final = box / f"{time.time_ns():020d}-{os.getpid()}.npz"
+    with atomic_path(final) as tmp:
+        save_arrays(tmp, arrays["X"], arrays["y"], arrays.get("client"))
     return final
 
 

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from sluice.errors import ConfigError
+from sluice.files import atomic_write
 
 CA_CERT, SERVER_CERT, SERVER_KEY = "ca.pem", "server.pem", "server.key"
 
@@ -143,21 +143,6 @@ def _names(cert_path: Path) -> set:
         return set(cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value)
     except (OSError, ValueError, x509.ExtensionNotFound):
         return set()
-
-
-def atomic_write(path: Path, data: bytes, *, secret: bool = False) -> None:
-    """Replace ``path`` by ``data`` atomically (a new file renamed over it); ``secret``: owner-only mode 0600.
-    Keys and certificates are written with it, and so are the service's token files."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.unlink(missing_ok=True)  # with O_EXCL below a leftover file (or a link) is never reused with its mode
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600 if secret else 0o644)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def _name(name: str, what: str) -> str:

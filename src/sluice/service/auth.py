@@ -129,7 +129,7 @@ def write_tokens_file(path: str | Path, entries: list[TokenEntry]) -> None:
     """Replace the tokens file atomically (owner read/write only)."""
     import tomli_w
 
-    from sluice.flower.certs import atomic_write as _write
+    from sluice.files import atomic_write as _write
 
     doc = {"token": [e.model_dump() for e in entries]}
     _write(Path(path), tomli_w.dumps(doc).encode("utf-8"), secret=True)

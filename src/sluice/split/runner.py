@@ -12,11 +12,11 @@ import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from sluice.files import atomic_write
 from sluice.transport.grpc_link import GrpcListener
 
 from .config import SplitConfig
@@ -95,9 +95,7 @@ def serve_follower(
         if on_event:
             on_event(f"listening on {listener.address}")
         if ready_file:
-            tmp = Path(ready_file + ".tmp")
-            tmp.write_text(listener.address)
-            os.replace(tmp, ready_file)
+            atomic_write(ready_file, listener.address.encode())
         link = listener.accept(accept_timeout)
         if on_event:
             on_event("leader connected")

@@ -16,10 +16,11 @@ from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
+from sluice.data.scenarios import SCENARIO_NAMES
 from sluice.errors import TaskError
 from sluice.schema import Section
 
-SCENARIOS = ("coverage", "energy", "kpi_anomaly")
+SCENARIOS = SCENARIO_NAMES
 """The generated network-analytics scenarios (:mod:`sluice.data.scenarios`)."""
 TABULAR_NAMES = ("digits", "breast_cancer", "mnist", "synthetic", *SCENARIOS)
 """The built-in datasets a horizontal or local job trains an MLP on (``[data] dataset``)."""

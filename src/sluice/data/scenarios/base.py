@@ -32,6 +32,7 @@ from typing import Any, Literal
 import numpy as np
 
 from sluice.errors import DataError
+from sluice.files import atomic_path
 from sluice.metrics import MetricSpec
 
 MetricFn = Callable[[np.ndarray, np.ndarray], float]
@@ -167,9 +168,8 @@ def _save(path: Path, d: ScenarioData) -> None:
     arrays = {"X": d.X, "y": d.y, "party": d.party, "test": d.test,
               **{f"info__{k}": v for k, v in d.info.items()}}
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
-    np.savez_compressed(tmp, __meta__=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.savez_compressed(f, __meta__=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)
 
 
 def _load(path: Path) -> ScenarioData:
