@@ -232,3 +232,26 @@ def test_processes_by_id_page_on_and_fall_back_to_a_listing():
     with ProvMnSClient(url, client=httpx.Client(transport=httpx.MockTransport(serve(other, seen)))) as c:
         assert [p["id"] for p in c.processes("R")] == ["p-7f3a"]
     assert seen[-1] == "MLTrainingProcess"
+
+
+def test_tables_show_rounded_estimates_and_no_producer_paths() -> None:
+    """A status's remaining seconds read as seconds, rounded; a report names the model by the reference the
+    consumer downloads it with, not the producer's file path."""
+    from rich.console import Console
+
+    from sluice.cli.consumer import _process_table, _report_table
+
+    def text(table) -> str:  # noqa: ANN001
+        console = Console(width=200, record=True)
+        console.print(table)
+        return console.export_text()
+
+    status = {"id": "sluice-status", "attributes": {"vsData": {"iterations": 3, "estimated_remaining_s": 3348.35020520,
+                                                               "bytes_up": 1234567}}}
+    out = text(_process_table({"id": "P1", "VsDataContainer": [status]}, "p"))
+    assert "estimated remaining s (s)" in out and "3,348.4" in out and "3348.350" not in out and "1,234,567" in out
+    rep = {"id": "sluice-report", "attributes": {"vsData": {"cause": "CRITERION_MET", "status": "FINISHED",
+                                                            "model_path": "/srv/sluice/models/x.pt"}}}
+    out = text(_report_table({"attributes": {"mLModelGeneratedRef": "SubNetwork=SN1,MLModel=m"},
+                              "VsDataContainer": [rep]}, "r"))
+    assert "/srv/sluice" not in out and "MLModel=m" in out

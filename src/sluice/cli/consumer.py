@@ -63,7 +63,9 @@ def _process_table(proc: dict[str, Any], title: str) -> Table:
         rows.append((k, f"{v:.4g}" if isinstance(v, float) else str(v)))
     for key in ("estimated_remaining_iterations", "estimated_remaining_s", "bytes_up", "bytes_down", "detail"):
         if st.get(key) is not None:
-            rows.append((key.replace("_", " "), str(st[key])))
+            v = st[key]
+            rows.append((key.replace("_", " ") + (" (s)" if key.endswith("_s") else ""),
+                         f"{v:,.1f}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else str(v)))
     neg = _vs(proc, "sluice-negotiation") or {}
     if neg:
         rows.append(("negotiation", f"{neg.get('decidedBy')} / {neg.get('state')}"))
@@ -85,14 +87,16 @@ def _report_table(report: dict[str, Any], title: str) -> Table:
     table = Table(title=title)
     table.add_column("field")
     table.add_column("value", overflow="fold")
+    ref = report.get("attributes", {}).get("mLModelGeneratedRef")
     try:
         rows = TrainingReport.model_validate(data).rows()
     except ValueError:
         rows = [(k, json.dumps(v)) for k, v in data.items()]
     for k, v in rows:
+        if k == "model path":  # the producer's own file; the consumer downloads the model by its reference
+            continue
         table.add_row(k, v)
-    ref = report.get("attributes", {}).get("mLModelGeneratedRef")
-    table.add_row("mLModelGeneratedRef", ref or "none")
+    table.add_row("mLModelGeneratedRef", ref or "none (no model was saved)")
     return table
 
 
