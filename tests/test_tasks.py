@@ -214,3 +214,23 @@ def test_the_own_model_example_runs_as_the_readme_shows(tmp_path: Path) -> None:
 def test_error_messages_keep_their_brackets(capsys: pytest.CaptureFixture) -> None:
     assert main(["serve", "--host", "192.0.2.1"]) == 2  # refused before it listens: no TLS, no tokens
     assert "[auth] tokens" in capsys.readouterr().err  # printed as written, not taken for console markup
+
+
+def test_a_last_batch_of_one_sample_is_left_out_where_batchnorm_needs_two() -> None:
+    """A model with BatchNorm1d cannot train on a batch of one sample ("Expected more than 1 value per
+    channel"): a client of 11 samples in batches of 10 ends each epoch with one; the loop leaves it out."""
+    import math
+
+    from torch import nn
+
+    from sluice.hfl.learner import Learner
+    from sluice.tasks.builtin import tabular
+    from sluice.tasks.task import Task, take
+
+    base = tabular("digits")
+    task = Task(model=lambda: nn.Sequential(nn.Linear(64, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 10)),
+                train=base.train, test=base.test, name="bn")
+    learner = Learner(task, 0, "cpu")
+    delta, loss, _ = learner.fit(learner.theta0, learner.buffers0, take(base.train, range(11)), epochs=2,
+                                 batch_size=10, lr=0.05, seed=0)
+    assert math.isfinite(loss) and abs(delta).max() > 0

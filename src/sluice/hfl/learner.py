@@ -28,7 +28,16 @@ from sluice.hfl.graph_step import GraphStep, capture
 from sluice.models import get_buffers, get_flat, layers, num_buffers, output_layer, set_buffers, set_flat
 from sluice.models.device import resolve_device
 from sluice.models.flat import tied_to_frozen
-from sluice.tasks.task import Task, batch, build_model, check_task, predict, task_metrics, to_device
+from sluice.tasks.task import (
+    Task,
+    batch,
+    batch_statistics,
+    build_model,
+    check_task,
+    predict,
+    task_metrics,
+    to_device,
+)
 
 
 class Learner:
@@ -38,6 +47,7 @@ class Learner:
         self.task = task
         self.device = resolve_device(device)
         self.model = build_model(task, seed).to(self.device)
+        self.batch_statistics = batch_statistics(self.model)
         self.theta0 = get_flat(self.model)
         self.buffers0 = get_buffers(self.model)
         self.num_buffers = num_buffers(self.model)
@@ -113,11 +123,15 @@ class Learner:
         if isinstance(data, TensorDataset):  # the whole order in one copy, not one per batch
             order = order.to(data.tensors[0].device)
         total = torch.zeros((), dtype=torch.float64, device=self.device)
+        skipped = 0
         if graph is not None:
             graph.total.zero_()
         for e in range(epochs):
             for s in range(0, n, batch_size):
                 idx = order[e * n + s : e * n + min(s + batch_size, n)]
+                if idx.shape[0] == 1 and self.batch_statistics:  # BatchNorm cannot take one sample
+                    skipped += 1
+                    continue
                 if graph is not None and idx.shape[0] == batch_size:
                     graph.step(*data.tensors, idx)
                     continue
@@ -131,7 +145,7 @@ class Learner:
         if graph is not None:
             total += graph.total
         delta = self._flat() - start
-        mean = float(total) / max(epochs * n, 1)
+        mean = float(total) / max(epochs * n - skipped, 1)
         return (delta if on_device else delta.cpu().numpy()), mean, get_buffers(model) if self.num_buffers else None
 
     def _flat(self) -> torch.Tensor:

@@ -39,6 +39,7 @@ from sluice.models.state import load_module_tree, load_optimizer_tree, module_tr
 from sluice.tasks.task import (
     Task,
     batch,
+    batch_statistics,
     build_model,
     check_task,
     concat,
@@ -356,6 +357,8 @@ class LocalTrainer(Suspendable):
                 pos = 0
             idx = order[pos:pos + bs]
             pos += bs
+            if len(idx) == 1 and batch_statistics(self.model):  # BatchNorm cannot take one sample
+                continue
             x, y = batch(data, idx)
             self.opt.zero_grad(set_to_none=True)
             loss = self.loss(self.model(x.to(self.device)), y.to(self.device))

@@ -264,6 +264,12 @@ def seeded_module(factory: Callable[[], nn.Module], seed: int, task: str, what: 
     return model
 
 
+def batch_statistics(model: nn.Module) -> bool:
+    """Whether ``model`` normalises with the statistics of each batch in training (BatchNorm): a batch of one
+    sample has none, so the default training loops leave such a batch out (the last one of an epoch)."""
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
 def check_task(task: Task, model: nn.Module, clients: Sequence[Dataset]) -> None:
     """:class:`TaskError` naming the task and what does not fit: an empty dataset, samples the model cannot
     take, class ids outside the model's outputs, regression targets that do not match the outputs, or a loss
