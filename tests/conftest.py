@@ -69,12 +69,23 @@ def db_url(request, tmp_path):
 def pytest_configure(config):
     """One intra-op thread for torch in the test processes, as every engine sets for itself: two workers on two
     cores, each with a thread team per core, would spin on each other's cores (and what a test computes before
-    an engine ran would depend on the order the tests run in)."""
+    an engine ran would depend on the order the tests run in). The heavy modules a test would otherwise import
+    first (torch's first optimizer imports torch._dynamo and sympy; scikit-learn; Flower) are imported here,
+    when a worker starts: a timeout that struck inside such an import would leave the worker with a module
+    half imported, and every later test on it failing."""
     if getattr(config.option, "numprocesses", None):
         return  # the xdist controller runs no test (its workers come here with numprocesses unset)
+    import importlib
+
     import torch
 
     torch.set_num_threads(1)
+    for name in ("torch._dynamo", "sympy", "sklearn.model_selection", "scipy.stats", "flwr.serverapp",
+                 "flwr.clientapp"):
+        try:
+            importlib.import_module(name)
+        except ImportError:  # an optional extra that is not installed: its tests skip themselves
+            pass
 
 
 _SHARED_SCOPE = re.compile(r"""scope\s*=\s*["'](module|class|package)["']""")
