@@ -60,6 +60,9 @@ class SplitDataConfig(Section):
 
 
 class SplitModelConfig(Section):
+    """The MLP parts of a built-in split task (a task of your own brings its own parts);
+    ``allow_batch_coupled`` applies to every task."""
+
     bottom_hidden: list[int] = Field(default_factory=lambda: [32])
     embedding: int = Field(16, ge=1, description="width of what a bottom model sends")
     top_hidden: list[int] = Field(default_factory=lambda: [32])
