@@ -76,6 +76,7 @@ def pytest_configure(config):
     if getattr(config.option, "numprocesses", None):
         return  # the xdist controller runs no test (its workers come here with numprocesses unset)
     import importlib
+    import warnings
 
     import torch
 
@@ -83,7 +84,9 @@ def pytest_configure(config):
     for name in ("torch._dynamo", "sympy", "sklearn.model_selection", "scipy.stats", "flwr.serverapp",
                  "flwr.clientapp"):
         try:
-            importlib.import_module(name)
+            with warnings.catch_warnings():  # Flower's generated protobuf modules warn of their gencode version
+                warnings.simplefilter("ignore", UserWarning)
+                importlib.import_module(name)
         except ImportError:  # an optional extra that is not installed: its tests skip themselves
             pass
 
