@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from test_docs_tutorials import blocks
-from test_split_two_hosts import ADDRESS, _stop, _wait
+from test_split_two_hosts import ADDRESS, _stop, _wait, host_homes, need_netns
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "tutorials" / "split-own-tables.md"
@@ -44,19 +43,10 @@ def test_recipe_blocks_are_tagged() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_own_tables_across_two_hosts(tmp_path: Path) -> None:
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("network namespaces need root and ip (iproute2)")
-    from sluice.transport.netns import NetnsPair, netns_available
-
-    ok, why = netns_available()
-    if not ok:
-        pytest.skip(f"network namespaces are not usable here: {why}")
+    need_netns()
+    from sluice.transport.netns import NetnsPair
     hosts, job = _recipe()
-    homes = {h: tmp_path / f"host{h}" for h in "AB"}
-    for home in homes.values():
-        home.mkdir()
-        for name in (".venv", "examples", "src"):
-            (home / name).symlink_to(ROOT / name)
+    homes = host_homes(tmp_path)
     (homes["A"] / "vertical.toml").write_text(job)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
     logs = {h: tmp_path / f"host{h}.log" for h in homes}

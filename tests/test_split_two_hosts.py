@@ -218,27 +218,39 @@ def _wait(what: str, done, procs: list[subprocess.Popen], logs: list[Path], time
         time.sleep(0.2)
 
 
-@pytest.mark.netns
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_two_host_recipe_runs_as_written(tmp_path: Path) -> None:
+def need_netns() -> None:
+    """Skip the calling test where network namespaces cannot be made (not root, no iproute2)."""
     if os.geteuid() != 0 or shutil.which("ip") is None:
         pytest.skip("network namespaces need root and ip (iproute2)")
-    from sluice.transport.netns import NetnsPair, netns_available
+    from sluice.transport.netns import netns_available
 
     ok, why = netns_available()
     if not ok:
         pytest.skip(f"network namespaces are not usable here: {why}")
 
-    steps = recipe()
-    assert [host for host, _ in steps] == ["A", "B", "A", "A"]
-    sync = tmp_path / "sync"
-    sync.mkdir()
-    homes = {"A": tmp_path / "hostA", "B": tmp_path / "hostB"}
+
+def host_homes(tmp_path: Path) -> dict[str, Path]:
+    """A directory per host, "A" and "B", each with the checkout's .venv, examples and src linked in."""
+    homes = {h: tmp_path / f"host{h}" for h in "AB"}
     for home in homes.values():
         home.mkdir()
         for name in (".venv", "examples", "src"):
             (home / name).symlink_to(ROOT / name)
+    return homes
+
+
+@pytest.mark.netns
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_two_host_recipe_runs_as_written(tmp_path: Path) -> None:
+    need_netns()
+    from sluice.transport.netns import NetnsPair
+
+    steps = recipe()
+    assert [host for host, _ in steps] == ["A", "B", "A", "A"]
+    sync = tmp_path / "sync"
+    sync.mkdir()
+    homes = host_homes(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
 
     with NetnsPair(rate_mbit=100, subnet="10.231.81") as net:
