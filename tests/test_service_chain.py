@@ -11,6 +11,7 @@ import pytest
 
 from sluice.errors import ConfigError
 from sluice.service.chain import ChainConfig, ChainEngine
+from sluice.service.client import MnSClientError, ProducerUnreachable
 from test_service_support import checked, free_port, local_job, request_body, start_server, stop_server
 
 
@@ -19,7 +20,7 @@ def _chain_job(iterations: int, **extra):
             "poll_interval_s": 0.1, **extra}
 
 
-def _producer_args(ports: dict[str, int], timeout_s: float = 3.0) -> tuple[str, ...]:
+def _producer_args(ports: dict[str, int], timeout_s: float = 10.0) -> tuple[str, ...]:
     out: list[str] = []
     for name, port in ports.items():
         out += ["--set", f"producers.{name}.url=\"http://127.0.0.1:{port}/ProvMnS/v1920/SubNetwork=SN1/"
@@ -46,6 +47,12 @@ def domains(tmp_path_factory):
             stop_server(s)
 
 
+def _report(srv, proc) -> dict:
+    """The process's Sluice report: what a failed assertion shows."""
+    report = srv.get(srv.dn(proc["attributes"]["trainingReportRef"]))
+    return next(c["attributes"]["vsData"] for c in report["VsDataContainer"] if c["id"] == "sluice-report")
+
+
 def test_config_checks():
     with pytest.raises(ConfigError, match="no endpoint for producer"):
         ChainEngine(ChainConfig(producers=["a"], job={}))
@@ -53,6 +60,46 @@ def test_config_checks():
         ChainConfig(producers=["a", "a"])
     with pytest.raises(ValueError, match="only id, version and type"):
         ChainConfig(producers=["a"], model={"hidden": [4]})
+
+
+class _LostAnswer:
+    """A producer that carries out the first create but whose answer is lost (timed out), whose first
+    ``hidden`` look-ups do not see the request yet, and that refuses a second create of a request it holds."""
+
+    def __init__(self, hidden: int) -> None:
+        self.held: set[str] = set()
+        self.creates = 0
+        self.hidden = hidden
+
+    def request(self, rid):
+        if rid not in self.held or self.hidden > 0:
+            self.hidden -= rid in self.held
+            raise MnSClientError(404, {"reason": "not found"}, "GET")
+        return {"id": rid}
+
+    def create(self, doc, rid):
+        self.creates += 1
+        if rid in self.held:
+            raise MnSClientError(409, {"reason": "running"}, "PUT")
+        self.held.add(rid)
+        if self.creates == 1:
+            raise ProducerUnreachable("timed out")
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("hidden", [0, 1])
+def test_a_create_whose_answer_was_lost_is_followed_not_refused(monkeypatch, hidden):
+    """The producer took the request but its answer timed out: the chain follows the request it made, whether
+    the retry's look-up sees it at once or a second create is refused because it exists."""
+    producer = _LostAnswer(hidden)
+    monkeypatch.setattr(ChainEngine, "_client", staticmethod(lambda ep: producer))
+    cfg = ChainConfig(producers=["east"], job={}, endpoints={"east": {"url": "http://127.0.0.1:9/ProvMnS"}})
+    engine = ChainEngine(cfg, sleep=lambda s: None)
+    engine.start()
+    assert producer.held == {f"{engine.chain_id}-east"}
+    assert producer.creates == 1 + hidden
 
 
 def test_request_is_split_gathered_and_passed_up(domains):
@@ -136,7 +183,7 @@ def test_a_3gpp_metric_name_on_a_chain_is_mapped_as_on_a_plain_request(domains):
     checked(cross.http.put(cross.req("C8"), json=body), 201)
     cross.wait_status("C8", ("FINISHED", "CANCELLED"), timeout=120)
     proc = cross.process_of("C8")
-    assert proc["attributes"]["progressStatus"]["status"] == "FINISHED", proc
+    assert proc["attributes"]["progressStatus"]["status"] == "FINISHED", _report(cross, proc)
     req = next(c for c in proc["VsDataContainer"] if c["id"] == "sluice-requirements")["attributes"]["vsData"]
     assert req["performance"] == {"test_rmse": 1000.0}
     for name, srv in (("east", east), ("west", west)):

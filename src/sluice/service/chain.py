@@ -327,13 +327,18 @@ class ChainEngine:
         from sluice.service.client import MnSClientError
 
         deadline = self.clock() + self.cfg.producer_timeout_s
+        sent = False  # a create whose answer was lost may still have been carried out
         while True:
             try:
                 if not self._held(p):
+                    sent = True
                     p.client.create(self._job_for(p), p.rid)
                 p.last_ok = self.clock()
                 return
             except MnSClientError as exc:
+                if sent and self._held_now(p):
+                    p.last_ok = self.clock()
+                    return
                 raise SluiceError(f"{p.where()} refused the request: {exc}") from exc
             except SluiceError as exc:
                 if self.clock() >= deadline:
@@ -353,6 +358,13 @@ class ChainEngine:
                 return False
             raise
         return True
+
+    def _held_now(self, p: _Producer) -> bool:
+        """Whether the producer holds the request, False when that cannot be told."""
+        try:
+            return self._held(p)
+        except SluiceError:
+            return False
 
     def _poll(self, p: _Producer) -> None:
         from sluice.service.client import MnSClientError, vs_of
