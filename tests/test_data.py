@@ -193,11 +193,21 @@ def test_partition_errors(kwargs: dict, pattern: str) -> None:
         partition(_Y, **kwargs)
 
 
-def test_partition_rejects_bad_labels() -> None:
+@pytest.mark.parametrize("method", ["dirichlet", "shards"])
+def test_partition_by_label_rejects_bad_labels(method: str) -> None:
     with pytest.raises(DataError, match="1-D"):
-        partition(np.zeros((4, 2), dtype=int), 2, "iid")
+        partition(np.zeros((4, 2), dtype=int), 2, method)
     with pytest.raises(DataError, match="non-negative"):
-        partition(np.array([0, -1, 2]), 2, "iid")
+        partition(np.array([0, -1, 2]), 2, method)
+    with pytest.raises(DataError, match="must be integers.*take method 'iid'"):
+        partition(np.array([0.5, 1.2, 3.0]), 2, method)
+
+
+def test_iid_partition_takes_any_targets() -> None:
+    """A regression task's float targets, or 2-D targets, split by their number alone."""
+    for y in (np.linspace(-1, 1, 9), np.zeros((9, 2))):
+        parts = partition(y, 3, "iid", seed=0)
+        assert sorted(np.concatenate(parts).tolist()) == list(range(9)) and [len(p) for p in parts] == [3, 3, 3]
 
 
 def test_label_histogram_counts() -> None:

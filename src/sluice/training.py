@@ -159,9 +159,15 @@ def run_job(
         task = progress.add_task("train", total=termination.iterations, loss="-", score="-", up="0", down="0",
                                  eta="-")
 
+        said: list[str] = []
+
         def on_event(event: Any, proc: TrainingProcess) -> None:
             est = proc.estimate_record()
-            run.log({**history.add(event), **est})
+            new = proc.notes()[len(said):]
+            said.extend(new)
+            for note in new:
+                progress.console.print(f"[yellow]note[/]: {escape(note)}")
+            run.log({**history.add(event), **est, **({"notes": new} if new else {})})
             write_status(run, proc)
             score, loss = history.last(metric), history.last("train_loss")
             progress.update(task, completed=proc.n, score=f"{score:.4f}" if score is not None else "-",
@@ -243,8 +249,8 @@ def _describe_hfl(engine: Any) -> str:
     split = "the task's own" if task.per_client else cfg.data.partition or task.partition.method
     if task.model_type is not None:
         split += f", {task.model_type}"
-    up = "dense" if c.up == "dense" else f"{c.up}({c.up_ratio})"
-    share = c.down_ratio if c.down_ratio is not None else f"{c.down_budget}·M/N"
+    up = "dense" if c.up == "dense" else f"{c.up}({c.up_ratio:.4g})"
+    share = f"{c.down_ratio:.4g}" if c.down_ratio is not None else f"{c.down_budget:.4g}·M/N"
     down = "dense" if c.down == "dense" else f"{c.down}({share})"
     return (f"[bold]sluice run[/]: {escape(task.name)}, {len(engine.data.clients)} clients ({split}), "
             f"q={cfg.train.participation}, d={engine.num_params}; up={up} down={down} downlink={c.downlink}")

@@ -465,8 +465,13 @@ class TrainingProcess:
             reach_probability=e.reach_probability, estimate_note=e.note, model_path=model_path,
             bytes_up=self.bytes_up, bytes_down=self.bytes_down,
             resources_peak=dict(self.peak), awaited_data=self.awaited, data_refused=list(self.data_refused),
-            clients=self.clients.reports(), data=self._data_report(),
+            clients=self.clients.reports(), data=self._data_report(), notes=self.notes(),
         )
+
+    def notes(self) -> list[str]:
+        """The engine's ``notes()`` (an engine may have none)."""
+        fn = getattr(self.engine, "notes", None)
+        return list(fn()) if callable(fn) else []
 
     def _data_report(self) -> dict[str, Any]:
         """The engine's ``data_report()`` (an engine may have none)."""

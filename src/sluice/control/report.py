@@ -69,6 +69,8 @@ class TrainingReport(BaseModel):
                                         "its part in training (:mod:`sluice.control.clients`)")
     data: dict[str, Any] = Field(default_factory=dict, description="what the engine says of the rows it trained "
                                  "on (split training: aligned_samples and each party's table_rows)")
+    notes: list[str] = Field(default_factory=list, description="what the engine chose for the task (settings "
+                             "fitted to it) or noticed while training (a stall), in the order it said it")
     termination: Termination | None = Field(None, description="the termination parameters in force")
     requirements: Requirements | None = Field(None, description="the training requirements in force")
 
@@ -134,6 +136,7 @@ class TrainingReport(BaseModel):
                  for k, v in self.data.items()]
         if self.estimate_note:
             rows.append(("estimate", self.estimate_note))
+        rows += [("note", n) for n in self.notes]
         if self.bytes_up or self.bytes_down:
             rows.append(("bytes up / down", f"{self.bytes_up:,} / {self.bytes_down:,}"))
         for why in self.data_refused:

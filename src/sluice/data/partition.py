@@ -3,7 +3,8 @@
 Every partitioner returns ``N`` sorted int64 index arrays that are pairwise disjoint, cover every sample
 exactly once, and are each non-empty.
 
-* ``iid``: a uniform random permutation cut into ``N`` nearly equal parts (sizes differ by at most 1).
+* ``iid``: a uniform random permutation cut into ``N`` nearly equal parts (sizes differ by at most 1); the
+  targets may be anything (a regression task's too): only their number counts.
 * ``dirichlet`` (label skew, Hsu et al. 2019, "Measuring the Effects of Non-Identical Data
   Distribution for Federated Visual Classification"): for every class ``c`` draw client proportions
   ``p_c ~ Dir(alpha * 1_N)`` and give client ``k`` the ``k``-th slice of class ``c``'s shuffled samples,
@@ -46,12 +47,19 @@ def partition(
     ``alpha`` is used by ``dirichlet`` only, ``shards_per_client`` by ``shards`` only. The same
     arguments and ``seed`` give the same partition. Raises :class:`DataError` naming the bad field.
     """
-    labels = check_labels(y)
+    if method not in PARTITION_METHODS:
+        raise DataError(f"unknown partition method {method!r}; allowed: {', '.join(PARTITION_METHODS)}")
+    if method == "iid":  # any targets: only their number counts
+        labels = np.asarray(y)
+    else:
+        try:
+            labels = check_labels(y)
+        except DataError as exc:
+            raise DataError(f"{exc}: the {method} partition splits class labels; targets that are not "
+                            "labels (a regression task's) take method 'iid'") from None
     num_clients = check_positive_int("num_clients", num_clients)
     seed = check_seed(seed)
     n = len(labels)
-    if method not in PARTITION_METHODS:
-        raise DataError(f"unknown partition method {method!r}; allowed: {', '.join(PARTITION_METHODS)}")
     if num_clients > n:
         raise DataError(
             f"num_clients={num_clients} exceeds the number of samples ({n}); "

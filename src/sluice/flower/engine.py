@@ -129,6 +129,7 @@ class FlowerEngine(ServerModel, Suspendable):
         torch.set_num_threads(1)
         task = load_task(cfg.task, seed=cfg.seed, data=cfg.data, hidden=cfg.model.hidden)
         self.learner = learner = Learner(task, cfg.seed, cfg.train.device)
+        cfg = self._fit(task, learner)
         self.n, self._sizes = terminals(task, cfg)
         self.data = Federation(task, [])  # the server holds the test set only
         self.theta0 = learner.theta0

@@ -17,6 +17,9 @@ from sluice.data.config import DataConfig
 from sluice.schema import DEVICE_PATTERN, Section
 from sluice.tasks.config import TABULAR_NAMES, TaskConfig
 
+DOWN_BUDGET = 0.02
+"""``compression.down_budget`` where it is unset and the client optimizer is not adaptive (:mod:`sluice.hfl.fit`)."""
+
 
 class ModelConfig(Section):
     hidden: list[int] = Field(default_factory=lambda: [128, 128], description="hidden layers of a built-in MLP task")
@@ -69,9 +72,16 @@ class CompressionConfig(Section):
                                            "feedback, or dense (FedAvg)")
     down_ratio: float | None = Field(None, gt=0, le=1, description="k/d the server applies per round (top-k); "
                                      "unset: down_budget times the share of the clients whose uploads it aggregated")
-    down_budget: float = Field(0.02, gt=0, le=1, description="k/d the server applies in a round that aggregates "
-                               "an upload from every client, when down_ratio is unset: a round that aggregates M "
-                               "uploads of N clients applies down_budget*M/N")
+    down_budget: float | None = Field(None, gt=0, le=1, description="k/d the server applies in a round that "
+                                      "aggregates an upload from every client, when down_ratio is unset: a round "
+                                      "that aggregates M uploads of N clients applies down_budget*M/N; unset: "
+                                      "0.02, or 0.05 when the client optimizer is adaptive (Adam, RMSprop...)")
+    up_min: int | None = Field(None, ge=0, description="coordinates an upload (randk, topk, sample) keeps at least; "
+                               "unset: 512 when the client optimizer is adaptive or the model has normalisation "
+                               "or recurrent layers, else 0")
+    down_min: int | None = Field(None, ge=0, description="coordinates the server's top-k step moves at least in a "
+                                 "round (at the expected participation); unset: 256 when the client optimizer is "
+                                 "adaptive or the model has normalisation or recurrent layers, else 0")
     down_values: Literal["auto", "fp32", "fp16", "int8", "sign"] = Field(
         "auto", description="type of the server's applied steps; auto = sign (one bit per value times the mean "
                             "magnitude) with top-k, fp32 with dense; int8 = with a per-step scale"
@@ -123,7 +133,8 @@ class CompressionConfig(Section):
         most 1): ``down_ratio``, or ``down_budget·uploads/clients``."""
         if self.down_ratio is not None:
             return self.down_ratio
-        return min(1.0, self.down_budget * max(1, uploads) / max(1, clients))
+        budget = DOWN_BUDGET if self.down_budget is None else self.down_budget
+        return min(1.0, budget * max(1, uploads) / max(1, clients))
 
 
 class HFLData(DataConfig):

@@ -34,6 +34,7 @@ from sluice.engine import ClientRound, IterationEvent, Suspendable
 from sluice.errors import ConfigError, DataError, TaskError, TrainingError
 from sluice.hfl.client import Client
 from sluice.hfl.config import HFLConfig
+from sluice.hfl.fit import StallWatch, fit_compression
 from sluice.hfl.learner import Learner
 from sluice.hfl.server import Server
 from sluice.metrics import MetricSpec
@@ -54,6 +55,21 @@ class ServerModel:
     the model: the engine's ``start`` builds ``server`` (its ``params``, ``buffers`` and ``round``),
     ``learner`` (the task's model on the device, :class:`~sluice.hfl.learner.Learner`) and ``data``, ``cfg`` is
     its :class:`HFLConfig`, and ``_evaluate()`` gives the server model's test metrics."""
+
+    _notes: list[str]
+    _watch: StallWatch | None = None
+
+    def _fit(self, task: Task, learner: Learner) -> HFLConfig:
+        """The configuration with the compression fitted to ``task`` (:func:`sluice.hfl.fit.fit_compression`),
+        which becomes the engine's; starts the run's notes and its :class:`~sluice.hfl.fit.StallWatch`."""
+        self.cfg, self._notes = fit_compression(self.cfg, task, learner.model)
+        c = self.cfg.compression
+        self._watch = StallWatch(task, compressed=c.up != "dense" or c.down != "dense")
+        return self.cfg
+
+    def notes(self) -> list[str]:
+        """What the engine chose for this task, or noticed while training, in the order it said it."""
+        return list(getattr(self, "_notes", []))
 
     def save(self, path: str | Path) -> str:
         """The server model as a CPU ``state_dict`` (loads into the task's model on any device), with its flat
@@ -88,6 +104,9 @@ class ServerModel:
             metrics["train_loss"] = float(np.average(losses, weights=weights))
         if rnd % self.cfg.train.eval_every == 0:
             metrics.update(self._evaluate())
+            note = self._watch.observe(rnd, metrics) if self._watch is not None else None
+            if note:
+                self._notes.append(note)
         anomaly, detail = None, ""
         bad = [k for k in ("train_loss", "test_loss") if k in metrics and not math.isfinite(metrics[k])]
         if bad:
@@ -127,6 +146,7 @@ class HFLEngine(ServerModel, Suspendable):
         torch.set_num_threads(1)
         task = self._task()
         learner = Learner(task, cfg.seed, cfg.train.device)
+        cfg = self._fit(task, learner)
         extra = {}
         if learner.num_buffers:
             if not (getattr(self.server_cls, "carries_buffers", False) and getattr(self.client_cls, "carries_buffers",
