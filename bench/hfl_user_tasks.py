@@ -12,7 +12,7 @@ encoded message both ways, the reduction, and the notes Sluice's run made (autom
     .venv/bin/python bench/hfl_user_tasks.py --tasks gru-bn-adam --set compression.up_ratio=0.1
 
 Runs are independent processes (``--jobs``, default every core; one thread each); results go to
-``bench/results/hfl_user_tasks.{md,json}`` (``--name`` changes the file name).
+``bench/results/hfl_user_tasks.{md,json}`` (``--out`` elsewhere).
 """
 
 from __future__ import annotations
@@ -120,7 +120,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     p.add_argument("--set", action="append", default=[], dest="extra",
                    help="a setting for Sluice's runs (not dense FedAvg's), as --set takes it")
-    p.add_argument("--name", default="hfl_user_tasks")
+    p.add_argument("--out", default=str(Path(__file__).parent / "results" / "hfl_user_tasks"),
+                   help="results path without suffix (.md and .json are written)")
     args = p.parse_args(argv)
     seeds = list(range(args.seeds))
     jobs = [(t, m, s, args.rounds, args.extra) for t in args.tasks for s in seeds for m in ("dense", "sluice")]
@@ -133,13 +134,14 @@ def main(argv: list[str] | None = None) -> None:
                   f"{r['bytes_total'] / 1e6:8.3f} MB {r['wall_seconds']:6.1f} s", flush=True)
     results = collect(runs)
     command = "python bench/hfl_user_tasks.py " + shlex.join(sys.argv[1:] if argv is None else argv)
-    out = Path(__file__).parent / "results"
-    out.mkdir(exist_ok=True)
-    (out / f"{args.name}.md").write_text(markdown(results, args.rounds, seeds, command.strip(), args.extra))
-    (out / f"{args.name}.json").write_text(json.dumps({"rounds": args.rounds, "seeds": seeds, "command": command,
-                                                        "settings": args.extra, "results": results, "runs": runs},
-                                                       indent=1))
-    print((out / f"{args.name}.md").read_text())
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    md = markdown(results, args.rounds, seeds, command.strip(), args.extra)
+    out.with_suffix(".md").write_text(md)
+    out.with_suffix(".json").write_text(json.dumps({"rounds": args.rounds, "seeds": seeds, "command": command,
+                                                    "settings": args.extra, "results": results, "runs": runs},
+                                                   indent=1))
+    print(md)
 
 
 if __name__ == "__main__":
