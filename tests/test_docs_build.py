@@ -35,6 +35,7 @@ def test_site_builds_strict(tmp_path: Path) -> None:
         assert (tmp_path / "site" / page).is_file(), page
     api = (tmp_path / "site" / "reference" / "python-api" / "index.html").read_text(encoding="utf-8")
     assert "sluice.Task" in api and "run_task" in api and ":class:" not in api
+    assert 'href="../../stylesheets/tables.css"' in api  # wide tables wrap instead of being cut off
 
 
 def test_generated_reference_is_up_to_date() -> None:

@@ -46,7 +46,7 @@ def _fit(task: sluice.Task, *overrides: str):
 def test_plain_sgd_without_normalisation_keeps_the_measured_defaults():
     cfg, notes = _fit(_task())
     assert notes == []
-    assert (cfg.compression.up_ratio, cfg.compression.down_budget) == (0.02, 0.02)
+    assert (cfg.compression.up_ratio, cfg.compression.down_budget, cfg.compression.down_adapt) == (0.02, 0.02, 1.0)
 
 
 def test_an_adaptive_optimizer_on_a_small_model_gets_larger_budgets_and_a_note():
@@ -69,14 +69,26 @@ def test_normalisation_layers_alone_set_the_minimums_not_the_adaptive_budget():
 
 def test_an_adaptive_optimizer_on_a_large_model_raises_only_the_step_budget():
     cfg, (note,) = _fit(_task(optimizer=_adam, hidden=4096))
-    assert cfg.compression.down_budget == ADAPTIVE_DOWN_BUDGET and cfg.compression.up_ratio == 0.02
-    assert "compression.down_budget 0.02 → 0.05" in note
+    c = cfg.compression
+    assert (c.down_budget, c.down_adapt, c.up_ratio) == (ADAPTIVE_DOWN_BUDGET, 0.0, 0.02)
+    assert "compression.down_budget 0.02 → 0.05, compression.down_adapt 1 → 0" in note
+
+
+def test_a_model_of_embedding_tables_keeps_the_defaults_under_adam():
+    task = sluice.Task(model=lambda: nn.Sequential(nn.EmbeddingBag(20_000, 16), nn.Linear(16, 4)),
+                       train=TensorDataset(torch.randint(0, 20_000, (40, 6)), torch.randint(0, 4, (40,))),
+                       test=TensorDataset(torch.randint(0, 20_000, (8, 6)), torch.randint(0, 4, (8,))),
+                       optimizer=_adam)
+    cfg, notes = _fit(task)
+    assert notes == [] and (cfg.compression.down_budget, cfg.compression.down_adapt) == (0.02, 1.0)
 
 
 def test_every_choice_can_be_overridden():
     task = _task(optimizer=_adam, norm=True)
-    cfg, notes = _fit(task, "compression.down_budget=0.02", "compression.up_min=0", "compression.down_min=0")
-    assert notes == [] and (cfg.compression.up_ratio, cfg.compression.down_budget) == (0.02, 0.02)
+    cfg, notes = _fit(task, "compression.down_budget=0.02", "compression.down_adapt=1", "compression.up_min=0",
+                      "compression.down_min=0")
+    c = cfg.compression
+    assert notes == [] and (c.up_ratio, c.down_budget, c.down_adapt) == (0.02, 0.02, 1.0)
     cfg, notes = _fit(task, "compression.up=dense", "compression.down=dense")
     assert notes == []
 

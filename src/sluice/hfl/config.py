@@ -17,8 +17,9 @@ from sluice.data.config import DataConfig
 from sluice.schema import DEVICE_PATTERN, Section
 from sluice.tasks.config import TABULAR_NAMES, TaskConfig
 
-DOWN_BUDGET = 0.02
-"""``compression.down_budget`` where it is unset and the client optimizer is not adaptive (:mod:`sluice.hfl.fit`)."""
+DOWN_BUDGET, DOWN_ADAPT = 0.02, 1.0
+"""``compression.down_budget`` and ``down_adapt`` where they are unset and the client optimizer is not adaptive
+(:mod:`sluice.hfl.fit`)."""
 
 
 class ModelConfig(Section):
@@ -86,11 +87,12 @@ class CompressionConfig(Section):
         "auto", description="type of the server's applied steps; auto = sign (one bit per value times the mean "
                             "magnitude) with top-k, fp32 with dense; int8 = with a per-step scale"
     )
-    down_adapt: float = Field(1.0, ge=0, le=10, description="rate beta of the adaptive server step (top-k): the "
-                              "step's gain (1 to 10) is multiplied by exp(beta*(A - 1/2)) in a round where A, the "
-                              "share of the n heard coordinates of the last step where the new aggregate has the "
-                              "step's sign, is more than 1/(2*sqrt(n)) from 1/2 (rounds with fewer than 4 uploads or 8 "
-                              "heard coordinates pool their counts with the next ones'); 0: gain 1")
+    down_adapt: float | None = Field(
+        None, ge=0, le=10, description="rate beta of the adaptive server step (top-k): the step's gain (1 to 10) is "
+        "multiplied by exp(beta*(A - 1/2)) in a round where A, the share of the n heard coordinates of the last step "
+        "where the new aggregate has the step's sign, is more than 1/(2*sqrt(n)) from 1/2 (rounds with fewer than 4 "
+        "uploads or 8 heard coordinates pool their counts with the next ones'); 0: gain 1; unset: 1, or 0 when the "
+        "client optimizer is adaptive (Adam, RMSprop...)")
     momentum: float = Field(0.0, ge=0, lt=1, description="server momentum rho")
     momentum_replay: float = Field(0.4, ge=0, le=10, description="with momentum and a top-k server step: share of "
                                    "the output layer's coordinates whose innovation the server sends in a round "

@@ -7,7 +7,10 @@ a run:
 
 * **an adaptive client optimizer** (Adam, AdamW, RMSprop, Adagrad...: any optimizer with ``betas``) moves
   every coordinate by about the same amount, so a step that moves few coordinates a round leaves most of
-  the model where it started: the server's step budget becomes :data:`ADAPTIVE_DOWN_BUDGET`;
+  the model where it started: the server's step budget becomes :data:`ADAPTIVE_DOWN_BUDGET`; and it sizes
+  its steps itself, so the server's adaptive gain, which lifts steps that keep their direction, overshoots:
+  ``down_adapt`` becomes 0 (a gain of 1). Not on a model whose parameters are mostly embedding tables,
+  whose steps move only the rows of the ids seen;
 * **an adaptive optimizer, normalisation layers** (BatchNorm, LayerNorm, GroupNorm, InstanceNorm, RMSNorm)
   **or recurrent layers** (RNN, LSTM, GRU): on a small model the ratios leave a handful of coordinates per
   message, too few for the sample and the sign step to carry such updates; every upload keeps at least
@@ -15,8 +18,8 @@ a run:
   change nothing on models where the ratios already give that many).
 
 Each choice is said once, in the run's notes (console, ``metrics.jsonl`` and the report); every one is
-overridden by setting its key (``compression.down_budget``, ``up_min``, ``down_min``; 0 turns a minimum
-off). Dense directions are left alone.
+overridden by setting its key (``compression.down_budget``, ``down_adapt``, ``up_min``, ``down_min``; 0
+turns a minimum off). Dense directions are left alone.
 
 :class:`StallWatch` notes, once, a compressed run whose monitored test metric stays at the level of a
 constant predictor (the most frequent test class's share; the test targets' standard deviation as RMSE) for
@@ -31,7 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from sluice.hfl.config import DOWN_BUDGET, HFLConfig
+from sluice.hfl.config import DOWN_ADAPT, DOWN_BUDGET, HFLConfig
 from sluice.tasks.task import Task
 
 UP_MIN = 512
@@ -42,6 +45,8 @@ ADAPTIVE_DOWN_BUDGET = 0.05
 """``down_budget`` under an adaptive client optimizer."""
 STALL_ROUNDS = 10
 """Evaluations in a row at a constant predictor's level that make a stall."""
+EMBEDDINGS = (nn.Embedding, nn.EmbeddingBag)
+"""Lookup tables: a step moves only the rows of the ids a batch holds, whatever the optimizer."""
 NORMS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm, nn.RMSNorm)
 """Normalisation layers (BatchNorm and InstanceNorm share ``_NormBase``)."""
 
@@ -58,10 +63,11 @@ def fit_compression(cfg: HFLConfig, task: Task, model: nn.Module) -> tuple[HFLCo
     """``cfg`` with the budgets sized for ``task`` and its ``model`` (see the module docstring), and a note
     for each choice that changed a setting."""
     c = cfg.compression
-    optimizer = adaptive_optimizer(task, model, cfg.train.lr)
+    d = sum(p.numel() for p in model.parameters())
+    tables = sum(p.numel() for m in model.modules() if isinstance(m, EMBEDDINGS) for p in m.parameters(recurse=False))
+    optimizer = adaptive_optimizer(task, model, cfg.train.lr) if tables <= d / 2 else None
     norms = sorted({type(m).__name__ for m in model.modules() if isinstance(m, NORMS)})
     recurrent = sorted({type(m).__name__ for m in model.modules() if isinstance(m, nn.RNNBase)})
-    d = sum(p.numel() for p in model.parameters())
     update: dict[str, Any] = {}
     why = []
     if optimizer:
@@ -72,6 +78,8 @@ def fit_compression(cfg: HFLConfig, task: Task, model: nn.Module) -> tuple[HFLCo
         why.append(f"its model has recurrent layers ({', '.join(recurrent)})")
     if c.down == "topk" and c.down_budget is None:
         update["down_budget"] = ADAPTIVE_DOWN_BUDGET if optimizer else DOWN_BUDGET
+    if c.down == "topk" and c.down_adapt is None:
+        update["down_adapt"] = 0.0 if optimizer else DOWN_ADAPT
     up_min = c.up_min if c.up_min is not None else (UP_MIN if why else 0)
     down_min = c.down_min if c.down_min is not None else (DOWN_MIN if why else 0)
     if c.up in ("sample", "topk", "randk") and up_min / d > c.up_ratio:
@@ -83,16 +91,17 @@ def fit_compression(cfg: HFLConfig, task: Task, model: nn.Module) -> tuple[HFLCo
     elif c.down == "topk" and c.down_ratio is not None and down_min / d > c.down_ratio:
         update["down_ratio"] = min(1.0, down_min / d)
     fitted = cfg.model_copy(update={"compression": c.model_copy(update=update)})
-    changed = {k: v for k, v in update.items() if not (k == "down_budget" and v == DOWN_BUDGET)}
+    defaults = {"down_budget": DOWN_BUDGET, "down_adapt": DOWN_ADAPT}
+    changed = {k: v for k, v in update.items() if defaults.get(k) != v}
     if not changed:
         return fitted, []
-    old = {"up_ratio": c.up_ratio, "down_budget": DOWN_BUDGET if c.down_budget is None else c.down_budget,
-           "down_ratio": c.down_ratio}
+    old = {"up_ratio": c.up_ratio, "down_ratio": c.down_ratio,
+           **{k: v if getattr(c, k) is None else getattr(c, k) for k, v in defaults.items()}}
     settings = ", ".join(f"compression.{k} {old[k]:g} → {v:.4g}" for k, v in changed.items())
     why = why or ["compression.up_min or down_min is set"]
     return fitted, [f"compression fitted to task {task.name!r} ({d:,} parameters): {' and '.join(why)}, so "
                     f"{settings} (uploads keep ≥ {up_min} coordinates, steps move ≥ {down_min} a round); set "
-                    "compression.down_budget, up_min or down_min to choose otherwise"]
+                    "compression.down_budget, down_adapt, up_min or down_min to choose otherwise"]
 
 
 class StallWatch:
