@@ -117,7 +117,7 @@ def score(runs: list[dict], settings: EtaSettings) -> dict:
             missing += mid is None
             errs.append(err)
             within.append(err <= 0.25)
-            covered.append(lo is not None and lo <= truth <= hi)
+            covered.append(mid is not None and lo is not None and lo <= truth <= (math.inf if hi is None else hi))
         out[f"{f:.0%}"] = {"runs": len(errs), "median_abs_rel_error": statistics.median(errs),
                            "within_25": sum(within) / len(within), "coverage_80": sum(covered) / len(covered),
                            "no_estimate": missing}

@@ -40,8 +40,11 @@ def _acc(values):
 def test_cause_criterion_met_with_model_and_report(digits, tmp_path: Path) -> None:
     eng = _local(digits)
     model = ModelIdentity(id="digits-mlp", version="2", type="fault_prediction")
+    records = []
     rep = train(eng, {"iterations": 40, "performance": {"accuracy": 0.9}}, model=model,
-                save_path=tmp_path / "m.pt")
+                save_path=tmp_path / "m.pt", on_event=lambda ev, proc: records.append(proc.estimate_record()))
+    # the record of the iteration whose target fires says what the report says
+    assert records[-1]["remaining_iterations"] == 0 and records[-1]["progress_percent"] == 100.0
     assert rep.cause == Cause.CRITERION_MET and rep.status == ProcessState.FINISHED and rep.ok
     assert rep.fired == "performance.test_accuracy"
     assert rep.performance["test_accuracy"] >= 0.9

@@ -212,7 +212,8 @@ class Estimator:
         p = float(np.isfinite(samples).mean())
         lo, mid, hi = (float(samples[max(0, math.ceil(q * samples.size) - 1)]) for q in (INTERVAL[0], 0.5,
                                                                                          INTERVAL[1]))
-        shape = f"{self.metric} ≈ {fit.c:.4g} + {fit.a:.4g}·n^-{fit.alpha:.3g}"
+        sign = "−" if fit.a < 0 else "+"
+        shape = f"{self.metric} ≈ {fit.c:.4g} {sign} {abs(fit.a):.4g}·n^-{fit.alpha:.3g}"
         if not math.isfinite(mid):
             note = (f"target {self.target:g} is not expected within {horizon} more iterations (probability "
                     f"{p:.0%}; {shape})")

@@ -246,8 +246,12 @@ class TrainingProcess:
 
     # ----------------------------------------------------------------------------------- status
     def estimate(self) -> Estimate:
-        """Progress and remaining iterations/time now (100 % once the process ended with its request met)."""
-        reached = self.report is not None and self.report.cause == Cause.CRITERION_MET
+        """Progress and remaining iterations/time now (100 % once the process ended with its request met, or
+        from the iteration whose criterion ends it so: the last event's record says what the report says)."""
+        if self.report is not None:
+            reached = self.report.cause == Cause.CRITERION_MET
+        else:
+            reached = isinstance(self.decision, Firing) and self._cause_of(self.decision)[0] == Cause.CRITERION_MET
         return self.estimator.estimate(self.n, self.elapsed_s, reached=reached)
 
     def estimate_record(self) -> dict[str, Any]:
