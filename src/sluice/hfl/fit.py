@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from sluice.hfl.config import DOWN_ADAPT, DOWN_BUDGET, HFLConfig
-from sluice.tasks.task import Task
+from sluice.tasks.task import Task, targets_of
 
 UP_MIN = 512
 """Coordinates an upload keeps at least on a task whose updates do not suit the ratios (see the docstring)."""
@@ -111,7 +111,7 @@ class StallWatch:
         self.compressed = compressed
         self.run = 0
         self.said = False
-        targets = np.asarray([np.asarray(task.test[i][1]) for i in range(len(task.test))])
+        targets = np.asarray(targets_of(task.test))
         if task.kind == "classification":
             counts = np.bincount(targets.astype(np.int64).reshape(-1))
             self.metric, self.level = "test_accuracy", float(counts.max() / counts.sum())
