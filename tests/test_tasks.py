@@ -77,7 +77,10 @@ def factories(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def test_public_api_is_explicit() -> None:
-    assert set(sluice.__all__) == {"Partition", "SplitTask", "Table", "Task", "__version__", "read_table", "run_task"}
+    assert set(sluice.__all__) == {"ConfigError", "DataError", "MetricSpec", "Partition", "SluiceError", "SplitTask",
+                                   "Table", "Task", "TaskError", "__version__", "read_table", "run_task"}
+    assert sluice.TaskError is TaskError and issubclass(sluice.TaskError, sluice.SluiceError)
+    assert sluice.MetricSpec("hits", True, 0.0).name == "hits"
     assert sluice.Task.__module__ == "sluice.tasks.task"
 
 
