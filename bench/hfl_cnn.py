@@ -3,7 +3,7 @@
 The workload is the paper's pathological non-IID setting: the CNN of McMahan et al. 2017 (1,663,370
 parameters) on the embedded MNIST subset, 2 shards of one label per client over 100 clients, 10 % of the
 clients a round, 5 local epochs of batches of 10. Every method — dense FedAvg (fp32 both ways), Sluice's
-defaults and the published methods of :mod:`sluice.hfl.peers` (FedAvg excepted: it is dense FedAvg) — runs the
+defaults and the published methods of :mod:`sluice.hfl.baselines` (FedAvg excepted: it is dense FedAvg) — runs the
 same seeds and rounds on the same engine, sampling, data and local training. Per method: final accuracy
 (mean ± sd and every seed's), its gap to dense FedAvg, total bytes up + down (``len()`` of every encoded
 message), the reduction against dense FedAvg, accuracy per MB, and the seconds of a round split into local
@@ -100,7 +100,7 @@ def timed(mixin: type, cls: type) -> type:
 def methods(peers: list[str] | None) -> dict[str, tuple[list[str], str | None]]:
     """Display name -> (config overrides, peer name or None): dense FedAvg, Sluice and the peers named in
     ``peers`` (None: every peer but FedAvg, which is dense FedAvg), with the budgets of bench/hfl_scenarios.py."""
-    from sluice.hfl.peers import PEERS
+    from sluice.hfl.baselines import PEERS
 
     out: dict[str, tuple[list[str], str | None]] = {DENSE_NAME: (DENSE, None), SLUICE: ([], None)}
     names = [n for n in PEERS if n != "FedAvg"] if peers is None else peers
@@ -125,7 +125,7 @@ def run_one(job: tuple[str, list[str], str | None, int, int]) -> dict:
     cfg = load_config(None, [*overrides, f"seed={seed}", f"train.rounds={rounds}"], HFLConfig)
     server_cls, client_cls = Server, Client
     if peer is not None:
-        from sluice.hfl.peers import PEERS
+        from sluice.hfl.baselines import PEERS
 
         server_cls, client_cls, _ = PEERS[peer]
 
@@ -323,7 +323,7 @@ def render(results: dict, plot_name: str | None) -> str:
              "subset, 2 shards of one label per client over 100 clients, participation 0.1 (10 clients a round), "
              "5 local epochs, batch 10, overrides `" + " ".join(results["workload"]) + "`. Every method runs the "
              "same seeds and rounds with the same sampling, data, initial model and local training; the published "
-             "methods are those of `sluice.hfl.peers` at the budgets of `bench/hfl_scenarios.py`.", "",
+             "methods are those of `sluice.hfl.baselines` at the budgets of `bench/hfl_scenarios.py`.", "",
              "Accuracy: test accuracy of the server model after the last round, mean ± sd over the seeds, and every "
              "seed's. Gap: points against dense FedAvg, ± its standard error over the seeds paired with dense "
              "FedAvg's run of the same seed. MB: `len()` of every encoded message, up + down, mean over the seeds. "

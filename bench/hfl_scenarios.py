@@ -4,7 +4,7 @@ Every scenario runs dense FedAvg (fp32 both ways) and Sluice with the same seeds
 one's mean final accuracy, the gap in points, the seeds' accuracies (so a collapsed seed shows) and the
 reduction of total bytes (up + down, ``len()`` of every encoded message) against dense FedAvg. On the
 scenarios marked ``peers`` (every scenario with ``--peers``) the published methods of
-:mod:`sluice.hfl.peers` run beside them, on the same engine, sampling, data and local training, and a plot
+:mod:`sluice.hfl.baselines` run beside them, on the same engine, sampling, data and local training, and a plot
 shows accuracy against cumulative megabytes.
 
     .venv/bin/python bench/hfl_scenarios.py                  # full: every scenario, 3 seeds, 150 rounds
@@ -85,7 +85,7 @@ def methods(with_peers: bool) -> dict[str, tuple[list[str], str | None]]:
         PREVIOUS_NAME: (PREVIOUS, None),
     }
     if with_peers:
-        from sluice.hfl.peers import PEERS
+        from sluice.hfl.baselines import PEERS
 
         for name, (_, _, over) in PEERS.items():
             if name != "FedAvg":  # dense FedAvg above is the same method
@@ -105,7 +105,7 @@ def run_one(job: tuple[str, str, list[str], str | None, int, int]) -> dict:
     cfg = load_config(None, [*overrides, f"seed={seed}", f"train.rounds={rounds}"], HFLConfig)
     kwargs = {}
     if peer is not None:
-        from sluice.hfl.peers import PEERS
+        from sluice.hfl.baselines import PEERS
 
         server_cls, client_cls, _ = PEERS[peer]
         kwargs = {"server_cls": server_cls, "client_cls": client_cls}

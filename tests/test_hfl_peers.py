@@ -1,4 +1,4 @@
-"""The published peers (sluice.hfl.peers) on Sluice's engine: they learn, every byte they exchange is counted,
+"""The published peers (sluice.hfl.baselines) on Sluice's engine: they learn, every byte they exchange is counted,
 clients hold the server model exactly, state round-trips, STC's cache serves clients that missed rounds,
 corrupted messages are refused."""
 
@@ -15,19 +15,11 @@ from sluice.compress.codecs import count_sketch
 from sluice.config import load_config
 from sluice.errors import WireError
 from sluice.hfl import HFLEngine
+from sluice.hfl.baselines import PEERS, DGCClient, FetchSGDServer, STCClient, STCParams, STCServer
+from sluice.hfl.baselines.fetchsgd import _sketch_seed
+from sluice.hfl.baselines.qsgd import _qsgd_dequantise, _qsgd_quantise
 from sluice.hfl.config import HFLConfig
 from sluice.hfl.learner import Learner
-from sluice.hfl.peers import (
-    PEERS,
-    DGCClient,
-    FetchSGDServer,
-    STCClient,
-    STCParams,
-    STCServer,
-    _qsgd_dequantise,
-    _qsgd_quantise,
-    _sketch_seed,
-)
 from sluice.tasks import client_datasets, load_task
 from sluice.wire.frame import KIND_RAW, check_header
 from sluice.wire.updates import unpack_updates

@@ -16,8 +16,8 @@ import sluice
 from sluice.config import load_config
 from sluice.errors import ConfigError, TaskError
 from sluice.hfl import HFLEngine
+from sluice.hfl.baselines import PEERS
 from sluice.hfl.config import HFLConfig
-from sluice.hfl.peers import PEERS
 from sluice.models import get_buffers, get_flat, layers, set_flat
 from sluice.wire.buffers import KIND_BUFFERS
 from sluice.wire.frame import check_header

@@ -123,7 +123,7 @@ class HFLEngine(ServerModel, Suspendable):
     :class:`Client` by default). Any pair with the same constructors, ``message``/``receive``/``close_round``
     and ``sync``/``train``/``receive_anchor``/``train_loss``, and ``state_bytes``/``from_state_bytes`` runs
     under the same sampling, data and byte accounting: that is how other compression methods are compared
-    with Sluice's on equal terms (:mod:`sluice.hfl.peers`).
+    with Sluice's on equal terms (:mod:`sluice.hfl.baselines`).
     """
 
     def __init__(self, cfg: HFLConfig, task: Task | None = None, *,

@@ -1,4 +1,4 @@
-"""Update messages of the published compression methods (:mod:`sluice.hfl.peers`): ternary and quantised codes.
+"""Update messages of the published compression methods (:mod:`sluice.hfl.baselines`): ternary and quantised codes.
 
 An update message is a raw frame (:mod:`sluice.wire.frame`, kind 18) holding a list of per-round updates of
 a ``d``-vector, to be applied in order. Body: the tag byte (which code the entries use: :data:`TAG_TERNARY`
