@@ -27,3 +27,29 @@ def test_a_failed_write_leaves_the_old_content_and_no_leftover(tmp_path: Path) -
         tmp.write_bytes(b"half")
         raise RuntimeError("disk full")
     assert target.read_bytes() == b"complete" and [p.name for p in tmp_path.iterdir()] == ["data.npz"]
+
+
+def test_threads_writing_the_same_file_at_once_all_succeed(tmp_path: Path) -> None:
+    """A run's status is written from its training loop and from its state changes: each writer has its own
+    new file, so no write removes another's or renames it away."""
+    import threading
+
+    target = tmp_path / "status.json"
+    errors: list[BaseException] = []
+    start = threading.Barrier(8)
+
+    def write(i: int) -> None:
+        start.wait()
+        try:
+            for _ in range(200):
+                atomic_write(target, f"writer {i}".encode() * 100)
+        except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert target.read_bytes().startswith(b"writer ") and [p.name for p in tmp_path.iterdir()] == ["status.json"]

@@ -202,8 +202,10 @@ def test_tokens_file_is_owner_only_even_over_a_leftover(tmp_path) -> None:
 
     path = tmp_path / "tokens.toml"
     import os
+    import threading
 
-    leftover = tmp_path / f"tokens.toml.{os.getpid()}.tmp"  # e.g. from an interrupted write, readable by everyone
+    # an interrupted write's new file, readable by everyone
+    leftover = tmp_path / f"tokens.toml.{os.getpid()}.{threading.get_ident()}.tmp"
     leftover.write_text("junk")
     leftover.chmod(0o644)
     token = add_token(path, "ops")

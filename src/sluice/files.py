@@ -1,10 +1,12 @@
-"""Files written whole or not at all: the content goes to a new file beside the target (``<name>.<pid>.tmp``,
-which no reader's pattern takes for the target), renamed over it once complete (atomic on POSIX); a failure
-removes the new file and leaves the target as it was."""
+"""Files written whole or not at all: the content goes to a new file beside the target
+(``<name>.<pid>.<thread>.tmp``, which no reader's pattern takes for the target, and which two threads writing
+the same target at once do not share), renamed over it once complete (atomic on POSIX); a failure removes the
+new file and leaves the target as it was."""
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,7 +16,7 @@ from pathlib import Path
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """A path to write ``path``'s new content to; renamed over ``path`` when the block ends without error."""
     path = Path(path)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.unlink(missing_ok=True)
     try:
         yield tmp

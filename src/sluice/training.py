@@ -124,6 +124,36 @@ class _CancelOnInterrupt:
             signal.signal(signal.SIGINT, self.previous)
 
 
+def _progress_bar(engine: Engine, unit: str, console: Console, total: int | None) -> tuple[Progress, Any, str]:
+    """A run's live bar (loss, the test score, the live estimate and, for an engine that counts bytes, the bytes
+    each way), its task and the metric it shows: accuracy, or a regression task's RMSE."""
+    metric, label = ("test_accuracy", "acc") if "test_accuracy" in engine.metrics else ("test_rmse", "rmse")
+    columns = [TextColumn(f"[bold blue]{unit}"), MofNCompleteColumn(), BarColumn(),
+               TextColumn("loss {task.fields[loss]}"), TextColumn(label + " {task.fields[score]}"),
+               TextColumn("to target {task.fields[eta]}")]
+    if engine.counts_bytes:
+        columns += [TextColumn("up {task.fields[up]}"), TextColumn("down {task.fields[down]}")]
+    columns.append(TimeElapsedColumn())
+    progress = Progress(*columns, console=console, transient=False)
+    task = progress.add_task("train", total=total, loss="-", score="-", up="0", down="0", eta="-")
+    return progress, task, metric
+
+
+class _Notes:
+    """The engine's notes (settings it chose, a stall it noticed), each printed once when first seen."""
+
+    def __init__(self, console: Console) -> None:
+        self.console, self.said = console, 0
+
+    def new(self, proc: Any) -> dict[str, list[str]]:
+        """``{"notes": [...]}`` with the notes said since the last call (for the iteration's log line), or {}."""
+        fresh = proc.notes()[self.said:]
+        self.said += len(fresh)
+        for note in fresh:
+            self.console.print(f"[yellow]note[/]: {escape(note)}")
+        return {"notes": fresh} if fresh else {}
+
+
 def run_job(
     job: Job,
     out: str | None,
@@ -147,27 +177,12 @@ def run_job(
     history = History(unit)
     run = RunDir(out, prefix=prefix)
     try:
-        # the test score shown: accuracy, or a regression task's RMSE
-        metric, label = ("test_accuracy", "acc") if "test_accuracy" in engine.metrics else ("test_rmse", "rmse")
-        columns = [TextColumn(f"[bold blue]{unit}"), MofNCompleteColumn(), BarColumn(),
-                   TextColumn("loss {task.fields[loss]}"), TextColumn(label + " {task.fields[score]}"),
-                   TextColumn("to target {task.fields[eta]}")]
-        if engine.counts_bytes:
-            columns += [TextColumn("up {task.fields[up]}"), TextColumn("down {task.fields[down]}")]
-        columns.append(TimeElapsedColumn())
-        progress = Progress(*columns, console=console, transient=False)
-        task = progress.add_task("train", total=termination.iterations, loss="-", score="-", up="0", down="0",
-                                 eta="-")
-
-        said: list[str] = []
+        progress, task, metric = _progress_bar(engine, unit, console, termination.iterations)
+        notes = _Notes(progress.console)
 
         def on_event(event: Any, proc: TrainingProcess) -> None:
             est = proc.estimate_record()
-            new = proc.notes()[len(said):]
-            said.extend(new)
-            for note in new:
-                progress.console.print(f"[yellow]note[/]: {escape(note)}")
-            run.log({**history.add(event), **est, **({"notes": new} if new else {})})
+            run.log({**history.add(event), **est, **notes.new(proc)})
             write_status(run, proc)
             score, loss = history.last(metric), history.last("train_loss")
             progress.update(task, completed=proc.n, score=f"{score:.4f}" if score is not None else "-",
