@@ -5,12 +5,14 @@ loadgroup``, see :func:`pytest_xdist_make_scheduler`). The tests of a file that 
 (a service, a Flower deployment) are kept on one worker, so that fixture starts once; every other test goes
 wherever a worker is free. Each worker has its own session fixtures (its own ``sluice serve`` and PostgreSQL
 server, on free ports), its own ``tmp_path`` tree and its own process (``os.environ`` changes stay in it). The
-longest end-to-end tests are handed out first.
+longest end-to-end tests are handed out first, and no more than two Flower deployments run at once.
 """
 
 from __future__ import annotations
 
+import fcntl
 import functools
+import os
 import re
 from pathlib import Path
 
@@ -122,9 +124,9 @@ def pytest_xdist_make_scheduler(config, log):
     return SharedFixtureFiles(config, log)
 
 
-def _start_order(item) -> int:
-    """Flower runs (the longest), then the other end-to-end tests and the files sharing a fixture, then the
-    rest: the long units start first, and the many short tests fill the workers at the end."""
+def _kind(item) -> int:
+    """0 for a Flower run (the longest), 1 for the other end-to-end tests and the files sharing a fixture, 2 for
+    the rest."""
     if item.get_closest_marker("flower"):
         return 0
     if any(item.get_closest_marker(m) for m in ("slow", "fuzz", "postgres", "netns")) or _shares_a_fixture(
@@ -133,9 +135,60 @@ def _start_order(item) -> int:
     return 2
 
 
+def _unit(item) -> str:
+    """The unit of work the scheduler hands out that ``item`` belongs to (see :func:`pytest_xdist_make_scheduler`)."""
+    return str(item.path) if _shares_a_fixture(item.path) else item.nodeid
+
+
 def pytest_collection_modifyitems(items):
-    """Mark ``postgres`` every test that asks for the PostgreSQL server itself; hand out the long ones first."""
+    """Mark ``postgres`` every test that asks for the PostgreSQL server itself; hand out the long units first,
+    two Flower units, then two other long ones, and so on: no more than :data:`FLOWER_SLOTS` Flower deployments
+    run at once (:func:`pytest_runtest_protocol`), and the workers that wait for none of them have long work
+    meanwhile. The many short tests fill the workers at the end."""
     for item in items:
         if {"postgres", "new_pg_database"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.postgres)
-    items.sort(key=_start_order)  # stable: the order of collection within each class
+    units: dict[str, list] = {}
+    for item in items:
+        units.setdefault(_unit(item), []).append(item)
+    kinds: dict[int, list[list]] = {0: [], 1: [], 2: []}
+    for unit in units.values():
+        kinds[min(_kind(i) for i in unit)].append(unit)
+    order: list[list] = []
+    flower, long = kinds[0], kinds[1]
+    while flower or long:
+        order += flower[:FLOWER_SLOTS] + long[:FLOWER_SLOTS]
+        del flower[:FLOWER_SLOTS], long[:FLOWER_SLOTS]
+    items[:] = [item for unit in [*order, *kinds[2]] for item in unit]
+
+
+FLOWER_SLOTS = 2
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A Flower test runs once it holds one of :data:`FLOWER_SLOTS` slots shared by the workers (a lock file
+    each), taken before its timeout starts: each deployment starts a process per node and message, and more of
+    them at once on two cores only slow each other past their round timeouts."""
+    if "PYTEST_XDIST_WORKER" not in os.environ or not item.get_closest_marker("flower"):
+        yield
+        return
+    slots = item.config._tmp_path_factory.getbasetemp().parent  # the run's directory, shared by its workers
+    files = [open(slots / f"flower-{i}.lock", "w") for i in range(FLOWER_SLOTS)]  # noqa: SIM115
+    try:
+        held = next((f for f in files if _try_lock(f)), None)
+        if held is None:  # all taken: wait for this worker's own slot
+            held = files[int(os.environ["PYTEST_XDIST_WORKER"][2:]) % FLOWER_SLOTS]
+            fcntl.flock(held, fcntl.LOCK_EX)
+        yield
+    finally:
+        for f in files:
+            f.close()  # closing releases the lock
+
+
+def _try_lock(f) -> bool:
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False

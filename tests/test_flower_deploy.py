@@ -19,7 +19,7 @@ import pytest
 from sluice.flower.deploy import LocalDeployment, submit
 from sluice.jobs import load_job
 
-pytestmark = [pytest.mark.flower, pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.flower, pytest.mark.slow, pytest.mark.timeout(480)]
 
 TINY = ["data.num_clients=3", "train.participation=1.0", "model.hidden=[32]", "train.local_epochs=1"]
 REPLAYED = ["compression.momentum=0.9", "compression.momentum_replay=0.4"]
@@ -96,7 +96,7 @@ def test_three_tls_nodes_give_the_simulators_numbers(deployment: LocalDeployment
     job = load_job("hfl", None, [*TINY, "train.rounds=2", *REPLAYED, "compression.up_by_weight=0.5"])
     out = tmp_path / "run"
     _submit(deployment, job, out, **{"round-timeout": 120.0})
-    report = _wait_report(out, 200)
+    report = _wait_report(out, 420)
     rows = _wait_rows(out, 2, 5)
     assert report["cause"] == "CRITERION_MET" and report["iterations"] == 2, report
     assert [r["round"] for r in rows] == [1, 2]

@@ -31,7 +31,7 @@ def _flower_processes_of(home: Path) -> list[psutil.Process]:
 
 @pytest.mark.flower
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(480)
 def test_sluice_run_on_flower_stops_when_a_criterion_fires(tmp_path: Path) -> None:
     out = tmp_path / "run"
     argv = [sys.executable, "-m", "sluice", "run", "--runtime", "flower", "--out", str(out),
@@ -41,7 +41,7 @@ def test_sluice_run_on_flower_stops_when_a_criterion_fires(tmp_path: Path) -> No
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
     try:
-        text, _ = proc.communicate(timeout=200)
+        text, _ = proc.communicate(timeout=420)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, 9)

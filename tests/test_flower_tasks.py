@@ -19,7 +19,7 @@ from sluice.hfl import HFLEngine
 from sluice.jobs import load_job
 from test_flower_deploy import _submit, _wait_report, _wait_rows
 
-pytestmark = [pytest.mark.flower, pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.flower, pytest.mark.slow, pytest.mark.timeout(480)]
 
 FACTORY = '''
 from pathlib import Path
@@ -95,7 +95,7 @@ def test_nodes_train_on_the_data_only_they_hold(node_files, tmp_path: Path, monk
     job = load_job("hfl", None, sets)
     out = tmp_path / "run"
     _submit(dep, job, out, **{"round-timeout": 120.0})
-    report = _wait_report(out, 200)
+    report = _wait_report(out, 420)
     rows = _wait_rows(out, 2, 5)
     assert report["cause"] == "CRITERION_MET" and report["iterations"] == 2, report
 

@@ -18,7 +18,9 @@ such as a job that cannot be built or a recipient address that is not http(s)) a
 the generic ProvMnS operations of TS 28.532 on every MOI — GET of the SubNetwork or MLTrainingFunction, PUT of
 an MLTrainingProcess, PATCH of a subscription).
 
-Run alone with ``pytest -m fuzz``; ``SLUICE_FUZZ_SECONDS`` changes the budget (default 45 s).
+Run alone with ``pytest -m fuzz``; ``SLUICE_FUZZ_EXAMPLES`` sets the examples per operation and phase (default
+10: about 4,000 cases, half a minute on an idle machine; a count rather than a time, so a loaded machine runs
+the same cases, only slower).
 """
 
 from __future__ import annotations
@@ -32,13 +34,13 @@ import pytest
 
 from test_service_support import BASE, running_server
 
-pytestmark = pytest.mark.fuzz
+pytestmark = [pytest.mark.fuzz, pytest.mark.timeout(600)]
 
 CHECKS = ("not_a_server_error", "status_code_conformance", "content_type_conformance",
           "response_headers_conformance", "response_schema_conformance", "negative_data_rejection",
           "use_after_free", "ensure_resource_availability")
 SEED = 28105
-FUZZ_SECONDS = int(os.environ.get("SLUICE_FUZZ_SECONDS", "45"))
+FUZZ_EXAMPLES = int(os.environ.get("SLUICE_FUZZ_EXAMPLES", "10"))  # per operation and phase: a count, not a time
 CONFIG = '[parameters]\n"path.sn" = "SN1"\n"path.tf" = "TF1"\n"path.r" = "MR1"\n'
 
 
@@ -61,9 +63,9 @@ def test_fuzzing_finds_no_server_error_and_no_nonconformant_response(tmp_path):
         operations = sum(1 for item in bundle["paths"].values() for m in item if m != "parameters")
         cmd = [sys.executable, "-m", "schemathesis.cli", "--config-file", str(config), "run",
                f"{srv.root}{BASE}/openapi.json", "--checks", ",".join(CHECKS), "--seed", str(SEED),
-               "--max-time", str(FUZZ_SECONDS), "--generation-database", "none", "--workers", "1",
+               "--max-examples", str(FUZZ_EXAMPLES), "--generation-database", "none", "--workers", "1",
                "--request-timeout", "30", "--no-color", "--report", "json", "--report-json-path", str(report_path)]
-        run = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=FUZZ_SECONDS + 120)
+        run = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=540)
         assert report_path.is_file(), f"schemathesis wrote no report (exit {run.returncode}):\n{run.stdout[-4000:]}"
         report = json.loads(report_path.read_text(encoding="utf-8"))
         cases = report["test_cases"]

@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 
 BASE = "/ProvMnS/v1920"
+HTTP_TIMEOUT_S = 120  # a create validates the job by building its engine: tens of seconds on a loaded machine
 TF = "SubNetwork=SN1/MLTrainingFunction=TF1"
 SCHEMA = {"MLTrainingRequest": "MLTrainingRequest-Single", "MLTrainingProcess": "MLTrainingProcess-Single",
           "MLTrainingReport": "MLTrainingReport-Single", "MLModel": "MLModel-Single",
@@ -102,7 +103,7 @@ class Server:
     log: Path
     database: str = ""
     """SQLAlchemy URL of the store (``sqlite:///{db}`` unless another database was given)."""
-    http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=30, trust_env=False))
+    http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=HTTP_TIMEOUT_S, trust_env=False))
     scheme: str = "http"
 
     @property
@@ -177,7 +178,7 @@ def start_server(tmp: Path, *, name: str = "svc", port: int | None = None, db: P
     with open(log, "ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=tmp, env=env, start_new_session=True)
     headers = {"Authorization": f"Bearer {token}"} if token else None
-    http = httpx.Client(timeout=30, trust_env=False, headers=headers, verify=True if tls is None else tls)
+    http = httpx.Client(timeout=HTTP_TIMEOUT_S, trust_env=False, headers=headers, verify=True if tls is None else tls)
     srv = Server(port, db, proc, log, database, http, "http" if tls is None else "https")
     t0 = time.monotonic()
     while time.monotonic() - t0 < 60:
