@@ -86,8 +86,9 @@ def pytest_configure(config):
     for name in ("torch._dynamo", "sympy", "sklearn.model_selection", "scipy.stats", "flwr.serverapp",
                  "flwr.clientapp"):
         try:
-            with warnings.catch_warnings():  # Flower's generated protobuf modules warn of their gencode version
-                warnings.simplefilter("ignore", UserWarning)
+            with warnings.catch_warnings():  # Flower's generated protobuf modules warn of their gencode version,
+                warnings.simplefilter("ignore", UserWarning)  # and its CLI's typer of click's deprecations
+                warnings.simplefilter("ignore", DeprecationWarning)
                 importlib.import_module(name)
         except ImportError:  # an optional extra that is not installed: its tests skip themselves
             pass

@@ -141,3 +141,25 @@ def test_malformed_proposal_is_refused_not_crashed():
         f.negotiate()
     msg = decode(a.recv(2))
     assert isinstance(msg, ControlMsg) and msg.type == "refuse" and msg.body["reason"]
+
+
+def test_a_setup_wait_allows_setup_timeout_s_and_names_it():
+    """Before training a peer may be silent longer (loading its task, intersecting ids with another party) than
+    during it: the follower's wait for the proposal runs out after ``transport.setup_timeout_s``, not
+    ``timeout_s``, and the error names the setting to raise."""
+    from sluice.split.follower import Follower
+    from sluice.split.links import emulated_links
+
+    cfg = _cfg(transport={"timeout_s": 0.2, "setup_timeout_s": 1.0})
+    _, ends = emulated_links(cfg, ["follower-1"])
+    f = Follower(ends[0], cfg.party, cfg.transport.timeout_s, load=task_loader(cfg),
+                 setup_timeout_s=cfg.transport.setup_timeout_s)
+    assert f.setup_timeout_s == 1.0
+    t0 = time.perf_counter()
+    with pytest.raises(TransportError, match=r"for 1 s while waiting for the task proposal from leader.*raise "
+                                             r"transport\.setup_timeout_s"):
+        f.wait_control("leader", "propose", "the task proposal", setup=True)
+    assert time.perf_counter() - t0 >= 1.0
+    with pytest.raises(TransportError, match=r"for 0\.2 s .*raise transport\.timeout_s "):
+        f.pump(True, "a step")
+    assert Follower(ends[0], cfg.party, 5.0, load=task_loader(cfg), setup_timeout_s=1.0).setup_timeout_s == 5.0

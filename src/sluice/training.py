@@ -267,7 +267,7 @@ def _describe_hfl(engine: Any) -> str:
     up = "dense" if c.up == "dense" else f"{c.up}({c.up_ratio:.4g})"
     down = "dense"
     if c.down != "dense":
-        down = f"{c.down}({c.down_ratio:.4g})" if c.down_ratio is not None else f"{c.down}({c.down_budget:.4g}·M/N)"
+        down = f"{c.down}({c.down_ratio:.4g})" if c.down_ratio is not None else f"{c.down}({c.budget:.4g}·M/N)"
     return (f"[bold]sluice run[/]: {escape(task.name)}, {len(engine.data.clients)} clients ({split}), "
             f"q={cfg.train.participation}, d={engine.num_params}; up={up} down={down} downlink={c.downlink}")
 

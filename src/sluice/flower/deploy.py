@@ -82,9 +82,12 @@ def free_port() -> int:
 
 def flower_env(home: Path) -> dict[str, str]:
     """Environment of every Flower process: this environment's executables first, telemetry off, no
-    installation of app dependencies at run time, Flower's state under ``home``. Flower's other settings
-    (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``...) pass through from this environment."""
+    installation of app dependencies at run time, Flower's state under ``home``, the deprecation warnings of
+    Flower's own dependencies (typer, click) out of the log ``sluice run`` shows unless ``PYTHONWARNINGS`` says
+    otherwise. Flower's other settings (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``...) pass through from this
+    environment."""
     env = dict(os.environ)
+    env.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.update({"FLWR_TELEMETRY_ENABLED": "0", "FLWR_HOME": str(home),
                 "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "PYTHONUNBUFFERED": "1"})

@@ -130,13 +130,22 @@ class CompressionConfig(Section):
         (the innovation reaches every client, as the step does: see :meth:`down_share`)."""
         return min(1.0, self.momentum_replay * max(1, uploads) / max(1, clients))
 
+    @property
+    def budget(self) -> float:
+        """``down_budget``, or :data:`DOWN_BUDGET` where it is unset (the engine fits it to the task first)."""
+        return DOWN_BUDGET if self.down_budget is None else self.down_budget
+
+    @property
+    def adapt(self) -> float:
+        """``down_adapt``, or :data:`DOWN_ADAPT` where it is unset (the engine fits it to the task first)."""
+        return DOWN_ADAPT if self.down_adapt is None else self.down_adapt
+
     def down_share(self, uploads: int, clients: int) -> float:
         """k/d of the server's top-k in a round that aggregated ``uploads`` uploads of ``clients`` clients (at
         most 1): ``down_ratio``, or ``down_budget·uploads/clients``."""
         if self.down_ratio is not None:
             return self.down_ratio
-        budget = DOWN_BUDGET if self.down_budget is None else self.down_budget
-        return min(1.0, budget * max(1, uploads) / max(1, clients))
+        return min(1.0, self.budget * max(1, uploads) / max(1, clients))
 
 
 class HFLData(DataConfig):

@@ -85,7 +85,7 @@ def fit_compression(cfg: HFLConfig, task: Task, model: nn.Module) -> tuple[HFLCo
     if c.up in ("sample", "topk", "randk") and up_min / d > c.up_ratio:
         update["up_ratio"] = min(1.0, up_min / d)
     q = cfg.train.participation
-    budget = update.get("down_budget", c.down_budget)
+    budget = update.get("down_budget", c.budget)
     if c.down == "topk" and c.down_ratio is None and down_min / d > budget * q:
         update["down_budget"] = min(1.0, down_min / (d * q))
     elif c.down == "topk" and c.down_ratio is not None and down_min / d > c.down_ratio:
@@ -95,8 +95,7 @@ def fit_compression(cfg: HFLConfig, task: Task, model: nn.Module) -> tuple[HFLCo
     changed = {k: v for k, v in update.items() if defaults.get(k) != v}
     if not changed:
         return fitted, []
-    old = {"up_ratio": c.up_ratio, "down_ratio": c.down_ratio,
-           **{k: v if getattr(c, k) is None else getattr(c, k) for k, v in defaults.items()}}
+    old = {"up_ratio": c.up_ratio, "down_ratio": c.down_ratio, "down_budget": c.budget, "down_adapt": c.adapt}
     settings = ", ".join(f"compression.{k} {old[k]:g} → {v:.4g}" for k, v in changed.items())
     why = why or ["compression.up_min or down_min is set"]
     return fitted, [f"compression fitted to task {task.name!r} ({d:,} parameters): {' and '.join(why)}, so "

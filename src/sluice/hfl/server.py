@@ -104,7 +104,7 @@ from sluice.compress.codecs import (
     to_dense,
 )
 from sluice.errors import ConfigError, DataError, TrainingError, WireError
-from sluice.hfl.config import DOWN_ADAPT, HFLConfig
+from sluice.hfl.config import HFLConfig
 from sluice.hfl.downlink import Downlink
 from sluice.wire import dtypes
 from sluice.wire.buffers import split_buffers, with_buffers
@@ -468,7 +468,7 @@ class Server(UploadInbox):
             self.state, step, replayed = server_round(
                 self.state, g, ratio=1.0 if dense_down else c.down_share(len(ids), self.num_clients), rho=c.momentum,
                 lr=self.cfg.train.server_lr, values=value_type(c.down_values, dense=dense_down, compressed="sign"),
-                adapt=0.0 if dense_down else DOWN_ADAPT if c.down_adapt is None else c.down_adapt,
+                adapt=0.0 if dense_down else c.adapt,
                 replay=None if self.replay is None else (self.replay, c.replay_share(len(ids), self.num_clients)),
                 uploads=len(ids))
         else:

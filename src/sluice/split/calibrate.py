@@ -95,7 +95,7 @@ def choose_g(leader: Any) -> int:
     prof: dict[str, dict[str, Any]] = {}
     for name in leader.followers:
         leader.send_control(name, "profile_req", {"batch": B})
-        prof[name] = leader.wait_control(name, "profile", "a compute profile").body
+        prof[name] = leader.wait_control(name, "profile", "a compute profile", setup=True).body
     links = {name: probe_link(leader, name, nbytes) for name in leader.followers}
     o = leader.cfg.pipeline.op_overhead_ms / 1000.0
 

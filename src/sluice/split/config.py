@@ -151,6 +151,8 @@ class TlsConfig(Section):
 class TransportConfig(Section):
     kind: Literal["grpc", "inproc"] = Field("grpc", description="grpc: separate processes; inproc: threads")
     timeout_s: float = Field(30.0, gt=0, description="a silent peer is an error after this many seconds")
+    setup_timeout_s: float = Field(300.0, gt=0, description="the same before training, while a peer loads its task, "
+                                   "intersects ids with the other parties or measures itself (at least timeout_s)")
     connect_timeout_s: float = Field(20.0, gt=0)
     listen: str = Field("127.0.0.1:0", description="where followers listen (split run: loopback)")
     emulate: EmulationConfig = Field(default_factory=EmulationConfig)

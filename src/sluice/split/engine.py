@@ -266,7 +266,8 @@ class SplitEngine:
         links, ends = emulated_links(cfg, names)
         for end in ends:
             f = Follower(end, cfg.party, cfg.transport.timeout_s, cfg.pipeline.queue_threshold_bytes,
-                         load=task_loader(cfg), device=cfg.train.device)
+                         load=task_loader(cfg), device=cfg.train.device,
+                         setup_timeout_s=cfg.transport.setup_timeout_s)
             if self.trace:
                 f.trace = []
             self.followers.append(f)

@@ -66,9 +66,9 @@ class Follower(Worker):
 
     def __init__(
         self, link: Link, policy: PartyPolicy, timeout_s: float, threshold: int | None = None, *,
-        load: TaskLoader, device: str = "cpu",
+        load: TaskLoader, device: str = "cpu", setup_timeout_s: float | None = None,
     ) -> None:
-        super().__init__("follower", {"leader": link}, timeout_s, threshold)
+        super().__init__("follower", {"leader": link}, timeout_s, threshold, setup_timeout_s)
         torch.set_num_threads(1)
         self.policy = policy
         self.link = link
@@ -89,7 +89,7 @@ class Follower(Worker):
 
     def negotiate(self) -> None:
         """``hello`` (load this party's task), the intersections the leader asks for, then the proposal."""
-        msg = self.wait_control("leader", ("hello", "stop"), "the leader's hello")
+        msg = self.wait_control("leader", ("hello", "stop"), "the leader's hello", setup=True)
         if msg.type == "stop":
             raise Stopped
         try:
@@ -111,7 +111,7 @@ class Follower(Worker):
                                               "params": sum(q.numel() for q in self.model.parameters()),
                                               "out_shape": list(self.out_shape)})
         while True:
-            msg = self.wait_control("leader", ("psi", "propose", "stop"), "the task proposal")
+            msg = self.wait_control("leader", ("psi", "propose", "stop"), "the task proposal", setup=True)
             if msg.type == "stop":
                 raise Stopped
             if msg.type == "propose":
@@ -197,7 +197,7 @@ class Follower(Worker):
             while self.raws["leader"]:
                 data, _ = self.raws["leader"].popleft()
                 self.send_control("leader", "probe_ack", {"bytes": len(data)})
-            self.pump(True, "the start of training")
+            self.pump(True, "the start of training", setup=True)
 
     def _answer(self, type_: str, body: dict[str, Any]) -> None:
         if type_ == "ping":

@@ -38,7 +38,8 @@ from .topology import In, Local, eval_tag, topology
 
 class Leader(Worker):
     def __init__(self, cfg: SplitConfig, links: dict[str, Link], task: SplitTask, steps: int | None = None) -> None:
-        super().__init__("leader", links, cfg.transport.timeout_s, cfg.pipeline.queue_threshold_bytes)
+        super().__init__("leader", links, cfg.transport.timeout_s, cfg.pipeline.queue_threshold_bytes,
+                         cfg.transport.setup_timeout_s)
         torch.set_num_threads(1)
         self.cfg = cfg
         self.party_task = task
@@ -95,7 +96,7 @@ class Leader(Worker):
             self.send_control(name, "hello", hello_for(self.cfg, name, own, str(self.dtype).removeprefix("torch."))
                               if self.topo.u_shape else hello_for(self.cfg, name))
         for name in self.followers:
-            msg = self.wait_control(name, ("ready", "refuse"), "the follower's task")
+            msg = self.wait_control(name, ("ready", "refuse"), "the follower's task", setup=True)
             self._refused(name, msg)
             self.ready[name] = msg.body
             self.rows[name] = int(msg.body.get("rows", 0))
@@ -182,7 +183,7 @@ class Leader(Worker):
             self.send_control(name, "propose", proposal_for(
                 plan, i, groups, self.links[name].secure, allow_batch_coupled=self.cfg.model.allow_batch_coupled))
         for name in self.followers:
-            msg = self.wait_control(name, ("accept", "refuse"), "an answer to the proposal")
+            msg = self.wait_control(name, ("accept", "refuse"), "an answer to the proposal", setup=True)
             self._refused(name, msg)
             self.accepted[name] = msg.body
 

@@ -75,10 +75,14 @@ class Stopped(Exception):
 class Worker:
     """Inbox, store, byte meters and the scheduling loop shared by leader and followers."""
 
-    def __init__(self, name: str, links: dict[str, Link], timeout_s: float, threshold: int | None) -> None:
+    def __init__(self, name: str, links: dict[str, Link], timeout_s: float, threshold: int | None,
+                 setup_timeout_s: float | None = None) -> None:
         self.name = name
         self.links = links
         self.timeout_s = timeout_s
+        self.setup_timeout_s = max(timeout_s, setup_timeout_s or 0.0)
+        """How long a setup wait (a peer loading its task, intersecting ids with another party, measuring
+        itself) may stay silent: at least ``timeout_s``."""
         self.inbox = Inbox()
         for peer, link in links.items():
             link.attach(self.inbox, peer)
@@ -180,9 +184,9 @@ class Worker:
         else:
             self.controls[peer].append((msg, size, arrived))
 
-    def pump(self, wait: bool, what: str = "a message") -> None:
+    def pump(self, wait: bool, what: str = "a message", setup: bool = False) -> None:
         """Absorb everything that has arrived; with ``wait`` and nothing there, block (counted as idle)
-        until one delivery arrives."""
+        until one delivery arrives, for at most ``timeout_s`` (``setup_timeout_s`` for a ``setup`` wait)."""
         got = False
         while True:
             d = self.inbox.get_nowait()
@@ -192,7 +196,9 @@ class Worker:
             self._absorb(d)
         if wait and not got:
             t0 = time.perf_counter()
-            d = self.inbox.get(None if self.paused else self.timeout_s, what)
+            timeout, setting = ((self.setup_timeout_s, "transport.setup_timeout_s") if setup
+                                else (self.timeout_s, "transport.timeout_s"))
+            d = self.inbox.get(None if self.paused else timeout, what, setting)
             self.idle += time.perf_counter() - t0
             self._absorb(d)
 
@@ -209,14 +215,14 @@ class Worker:
                 return item
         return None
 
-    def wait_control(self, peer: str, types: str | tuple[str, ...], what: str) -> ControlMsg:
-        """Block until ``peer`` sends a control message of one of ``types``."""
+    def wait_control(self, peer: str, types: str | tuple[str, ...], what: str, setup: bool = False) -> ControlMsg:
+        """Block until ``peer`` sends a control message of one of ``types`` (see :meth:`pump` for ``setup``)."""
         wanted = (types,) if isinstance(types, str) else types
         while True:
             item = self.take_control(peer, *wanted)
             if item is not None:
                 return item[0]
-            self.pump(True, f"{what} from {peer}")
+            self.pump(True, f"{what} from {peer}", setup)
 
     def wait_keys(self, keys: list[Hashable], what: str) -> None:
         while not all(k in self.store for k in keys):

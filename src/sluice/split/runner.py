@@ -100,7 +100,7 @@ def serve_follower(
         if on_event:
             on_event("leader connected")
         f = Follower(link, cfg.party, cfg.transport.timeout_s, cfg.pipeline.queue_threshold_bytes,
-                     load=task_loader(cfg), device=cfg.train.device)
+                     load=task_loader(cfg), device=cfg.train.device, setup_timeout_s=cfg.transport.setup_timeout_s)
         with switch_interval(cfg.pipeline.switch_interval_ms):
             return f.serve()
     finally:

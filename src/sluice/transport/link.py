@@ -58,14 +58,16 @@ class Inbox:
     def put(self, item: Delivery) -> None:
         self._q.put(item)
 
-    def get(self, timeout: float | None, waiting_for: str = "a message") -> Delivery:
-        """Next delivery (possibly a failure: check ``error``); raises :class:`TransportError` on timeout."""
+    def get(self, timeout: float | None, waiting_for: str = "a message",
+            setting: str = "transport.timeout_s") -> Delivery:
+        """Next delivery (possibly a failure: check ``error``); raises :class:`TransportError` on timeout, naming
+        ``setting``, the one that sets ``timeout``."""
         try:
             item = self._q.get(timeout=timeout)
         except queue.Empty:
             raise TransportError(
                 f"no message arrived for {timeout:g} s while waiting for {waiting_for}; "
-                f"the peer stalled or died (raise transport.timeout_s if it is just slow)"
+                f"the peer stalled or died (raise {setting} if it is just slow)"
             ) from None
         return item
 

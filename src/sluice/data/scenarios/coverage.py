@@ -81,6 +81,7 @@ measurements | neighbour measurements and network data.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -337,6 +338,101 @@ def problem_ratio_error(real_flags: np.ndarray, pred_flags: np.ndarray, regions:
 
 
 # -------------------------------------------------------------------------------------- generation
+@dataclass(frozen=True)
+class _Cells:
+    """Per-cell configuration; cells ``3s``, ``3s + 1`` and ``3s + 2`` are the sectors of site ``s``."""
+
+    site: np.ndarray  # site index
+    boresight_deg: np.ndarray
+    power_dbm: np.ndarray  # over the carrier
+    downtilt_deg: np.ndarray
+    load: np.ndarray  # RE occupancy
+
+
+def _draw_cells(p: CoverageParams, n_sites: int, rng: np.random.Generator) -> _Cells:
+    """The sectors of ``n_sites`` sites with their transmit power, downtilt and load (drawn in this order)."""
+    n_cells = 3 * n_sites
+    power = p.tx_power + rng.uniform(-p.tx_power_spread_db, p.tx_power_spread_db, n_cells)
+    tilt = p.downtilt_deg + rng.uniform(-p.downtilt_spread_deg, p.downtilt_spread_deg, n_cells)
+    load = rng.uniform(p.load_min, p.load_max, n_cells)
+    return _Cells(site=np.repeat(np.arange(n_sites), 3), boresight_deg=np.tile(np.array(BORESIGHTS), n_sites),
+                  power_dbm=power, downtilt_deg=tilt, load=load)
+
+
+@dataclass(frozen=True)
+class _Ues:
+    """UE positions with their indoor state, height and outdoor-to-indoor loss."""
+
+    pos: np.ndarray  # (n, 2) m
+    indoor: np.ndarray
+    height_m: np.ndarray
+    d_in_m: np.ndarray  # d2D-in, 0 outdoors
+    o2i_db: np.ndarray  # O2I loss, 0 outdoors
+
+
+def _draw_ues(p: CoverageParams, sites: np.ndarray, r_pos: np.random.Generator, r_ue: np.random.Generator) -> _Ues:
+    """``3 × ues_per_cell`` positions per site (from ``r_pos``), then from ``r_ue`` indoor state, floor and
+    O2I loss of each UE."""
+    pos = _drop_in_hexagons(r_pos, sites, 3 * p.ues_per_cell, p.isd, MIN_DISTANCE[p.scenario])
+    n = len(pos)
+    indoor = r_ue.random(n) < p.indoor_fraction
+    floors = r_ue.integers(4, 9, n)
+    h_ut = np.where(indoor, 3.0 * np.floor(r_ue.random(n) * floors) + 1.5, 1.5)  # 3 (n_fl − 1) + 1.5
+    d_in = np.where(indoor, np.minimum(r_ue.uniform(0, MAX_INDOOR_M, n), r_ue.uniform(0, MAX_INDOOR_M, n)), 0.0)
+    o2i = np.where(indoor, o2i_loss_db(p.fc_ghz, d_in, r_ue.random(n) < p.low_loss_fraction,
+                                       r_ue.standard_normal(n)), 0.0)
+    return _Ues(pos=pos, indoor=indoor, height_m=h_ut, d_in_m=d_in, o2i_db=o2i)
+
+
+def _fields_at(rng: np.random.Generator, pos: np.ndarray, count: int, d_cor: float) -> np.ndarray:
+    """``(n, count)``: ``count`` fields of :func:`correlated_fields` (grid step ``d_cor/4`` over the bounding box
+    of ``pos``) at the grid point nearest each position."""
+    lo = pos.min(0) - 1.0
+    extent = pos.max(0) + 1.0 - lo
+    step = d_cor / 4
+    nx, ny = (np.ceil(extent / step).astype(int) + 1)
+    fields = correlated_fields(rng, count, (ny, nx), step, d_cor)
+    ix = np.rint((pos[:, 0] - lo[0]) / step).astype(int)
+    iy = np.rint((pos[:, 1] - lo[1]) / step).astype(int)
+    return fields[:, iy, ix].T.astype(np.float64)
+
+
+@dataclass(frozen=True)
+class _Links:
+    """Geometry and received power of every UE-site and UE-cell link."""
+
+    dxy: np.ndarray  # (n, S, 2) UE position minus site position, m
+    d2d: np.ndarray  # (n, S) m
+    los: np.ndarray  # (n, S)
+    depression_deg: np.ndarray  # (n, S)
+    az_off_deg: np.ndarray  # (n, C) azimuth off the cell's boresight
+    rsrp_dbm: np.ndarray  # (n, C) per RE
+
+
+def _links(p: CoverageParams, sites: np.ndarray, cells: _Cells, ues: _Ues, r_field: np.random.Generator,
+           r_ue: np.random.Generator) -> _Links:
+    """Path loss with spatially consistent LOS state and shadowing per UE-site link (fields from ``r_field``:
+    LOS state, LOS shadowing, NLOS shadowing; ``h_E`` from ``r_ue``), antenna gain and RSRP per UE-cell link."""
+    sc, n_sites = p.scenario, len(sites)
+    h_ut = ues.height_m[:, None]
+    dxy = ues.pos[:, None, :] - sites[None, :, :]
+    d2d = np.hypot(dxy[..., 0], dxy[..., 1])
+    p_los = los_probability(sc, np.maximum(d2d - ues.d_in_m[:, None], 0.0), h_ut)
+    los = ndtr(_fields_at(r_field, ues.pos, n_sites, D_COR[sc, False])) < p_los
+    sf = np.where(los, SIGMA_SF[sc, True] * _fields_at(r_field, ues.pos, n_sites, D_COR[sc, True]),
+                  SIGMA_SF[sc, False] * _fields_at(r_field, ues.pos, n_sites, D_COR[sc, False]))
+    h_e = effective_height(sc, d2d, h_ut, r_ue)
+    pl = path_loss_db(sc, d2d, h_ut, p.fc_ghz, los, h_e)
+
+    azimuth = np.degrees(np.arctan2(dxy[..., 1], dxy[..., 0]))
+    depression = np.degrees(np.arctan2(H_BS[sc] - h_ut, np.maximum(d2d, 1e-9)))
+    az_off = _wrap_deg(azimuth[:, cells.site] - cells.boresight_deg[None, :])
+    gain = antenna_gain_db(az_off, depression[:, cells.site], cells.downtilt_deg[None, :])
+    p_re = cells.power_dbm - 10 * math.log10(12 * p.n_rb)
+    rsrp = p_re[None, :] + gain - (pl + sf)[:, cells.site] - ues.o2i_db[:, None]
+    return _Links(dxy=dxy, d2d=d2d, los=los, depression_deg=depression, az_off_deg=az_off, rsrp_dbm=rsrp)
+
+
 def _signals(p: CoverageParams, rsrp: np.ndarray, load: np.ndarray) -> tuple[np.ndarray, ...]:
     """Serving cell, serving RSRP, RSRQ and SINR (dB) from per-cell RSRP (dBm/RE) and cell loads."""
     serving = rsrp.argmax(1)
@@ -352,108 +448,95 @@ def _signals(p: CoverageParams, rsrp: np.ndarray, load: np.ndarray) -> tuple[np.
     return serving, rsrp[rows, serving], rsrq, sinr
 
 
+def _strongest_others(rsrp: np.ndarray, serving: np.ndarray, k: int) -> np.ndarray:
+    """``(n, k)``: RSRP (dBm) of the ``k`` strongest cells other than the serving one, strongest first."""
+    others = np.sort(np.where(np.arange(rsrp.shape[1])[None, :] == serving[:, None], -np.inf, rsrp), axis=1)
+    return others[:, ::-1][:, :k]
+
+
+def _regions(pos: np.ndarray, region_m: float) -> np.ndarray:
+    """Id of the square of side ``region_m`` (from the lowest x and y) each position lies in."""
+    grid = np.floor((pos - pos.min(0)) / region_m).astype(np.int64)
+    return grid[:, 1] * (int(grid[:, 0].max()) + 1) + grid[:, 0]
+
+
+def _serving_features(ues: _Ues, cells: _Cells, links: _Links, serving: np.ndarray, site: np.ndarray,
+                      dist: np.ndarray) -> dict[str, np.ndarray]:
+    """Geometry, UE and configuration of each UE's serving cell (``site`` its site, ``dist`` the distance)."""
+    rows = np.arange(len(serving))
+    return {
+        "x_m": ues.pos[:, 0], "y_m": ues.pos[:, 1],
+        "dx_m": links.dxy[rows, site, 0], "dy_m": links.dxy[rows, site, 1],
+        "distance_m": dist, "log10_distance": np.log10(np.maximum(dist, 1.0)),
+        "azimuth_off_boresight_deg": links.az_off_deg[rows, serving],
+        "depression_deg": links.depression_deg[rows, site],
+        "ue_height_m": ues.height_m, "indoor": ues.indoor.astype(np.float64),
+        "serving_tx_power_dbm": cells.power_dbm[serving], "serving_downtilt_deg": cells.downtilt_deg[serving],
+        "serving_load": cells.load[serving],
+    }
+
+
+def _network_features(cells: _Cells, d2d: np.ndarray, serving: np.ndarray, site: np.ndarray
+                      ) -> dict[str, np.ndarray]:
+    """Distance to and mean load of the two nearest other sites, and the mean load of the other cells."""
+    rows = np.arange(len(serving))
+    other_d = np.where(np.arange(d2d.shape[1])[None, :] == site[:, None], np.inf, d2d)
+    near = np.argsort(other_d, axis=1)[:, :2]
+    site_load = cells.load.reshape(-1, 3).mean(1)
+    return {
+        "nbr_site_distance_1_m": other_d[rows, near[:, 0]], "nbr_site_distance_2_m": other_d[rows, near[:, 1]],
+        "nbr_site_load_1": site_load[near[:, 0]], "nbr_site_load_2": site_load[near[:, 1]],
+        "mean_other_load": (cells.load.sum() - cells.load[serving]) / (len(cells.load) - 1),
+    }
+
+
+def _target_groups(p: CoverageParams, serving_cols: dict[str, np.ndarray], network_cols: dict[str, np.ndarray],
+                   signals: tuple[np.ndarray, np.ndarray, np.ndarray], neighbours: np.ndarray, cls: np.ndarray
+                   ) -> tuple[tuple[dict[str, np.ndarray], ...], np.ndarray, tuple[str, ...], str]:
+    """Vertical feature groups, ``y``, target names and task of ``p.target`` (see the module docstring).
+
+    ``signals``: serving RSRP, RSRQ, SINR; ``neighbours``: RSRP of the strongest other cells; ``cls``: classes.
+    """
+    if p.target == "signals":
+        return (serving_cols, network_cols), np.stack(signals, axis=1).astype(np.float32), SIGNAL_NAMES, "regression"
+    measured = dict(zip(SIGNAL_NAMES, signals, strict=True))
+    measured.update({k: serving_cols[k] for k in ("distance_m", "azimuth_off_boresight_deg", "indoor",
+                                                  "serving_load")})
+    neighbour = {f"nbr_rsrp_{i + 1}_dbm": neighbours[:, i] for i in range(neighbours.shape[1])}
+    neighbour.update({k: network_cols[k] for k in ("nbr_site_distance_1_m", "nbr_site_load_1", "mean_other_load")})
+    return (measured, neighbour), cls, CLASSES, "classification"
+
+
 def generate(p: CoverageParams, seed: int) -> ScenarioData:
     """The coverage scenario for parameters ``p`` and ``seed`` (see the module docstring)."""
     ss = np.random.SeedSequence(int(seed))
     r_pos, r_field, r_cell, r_ue, r_split = (np.random.default_rng(s) for s in ss.spawn(5))
-    sc, isd, hbs = p.scenario, p.isd, H_BS[p.scenario]
-    sites = hex_sites(p.rings, isd)
-    n_sites, n_cells = len(sites), 3 * len(sites)
-    cell_site = np.repeat(np.arange(n_sites), 3)
-    cell_bore = np.tile(np.array(BORESIGHTS), n_sites)
-    cell_power = p.tx_power + r_cell.uniform(-p.tx_power_spread_db, p.tx_power_spread_db, n_cells)
-    cell_tilt = p.downtilt_deg + r_cell.uniform(-p.downtilt_spread_deg, p.downtilt_spread_deg, n_cells)
-    load = r_cell.uniform(p.load_min, p.load_max, n_cells)
+    sites = hex_sites(p.rings, p.isd)
+    cells = _draw_cells(p, len(sites), r_cell)
+    ues = _draw_ues(p, sites, r_pos, r_ue)
+    links = _links(p, sites, cells, ues, r_field, r_ue)
 
-    pos = _drop_in_hexagons(r_pos, sites, 3 * p.ues_per_cell, isd, MIN_DISTANCE[sc])
-    n = len(pos)
-    indoor = r_ue.random(n) < p.indoor_fraction
-    floors = r_ue.integers(4, 9, n)
-    h_ut = np.where(indoor, 3.0 * np.floor(r_ue.random(n) * floors) + 1.5, 1.5)  # 3 (n_fl − 1) + 1.5
-    d_in = np.where(indoor, np.minimum(r_ue.uniform(0, MAX_INDOOR_M, n), r_ue.uniform(0, MAX_INDOOR_M, n)), 0.0)
-    o2i = np.where(indoor, o2i_loss_db(p.fc_ghz, d_in, r_ue.random(n) < p.low_loss_fraction,
-                                       r_ue.standard_normal(n)), 0.0)
-
-    dxy = pos[:, None, :] - sites[None, :, :]  # (n, S, 2)
-    d2d = np.hypot(dxy[..., 0], dxy[..., 1])
-    p_los = los_probability(sc, np.maximum(d2d - d_in[:, None], 0.0), h_ut[:, None])
-
-    # spatially consistent LOS state and shadowing: per site, nearest grid point of each field
-    lo = pos.min(0) - 1.0
-    extent = pos.max(0) + 1.0 - lo
-
-    def sample(d_cor: float) -> np.ndarray:
-        step = d_cor / 4
-        nx, ny = (np.ceil(extent / step).astype(int) + 1)
-        fields = correlated_fields(r_field, n_sites, (ny, nx), step, d_cor)
-        ix = np.rint((pos[:, 0] - lo[0]) / step).astype(int)
-        iy = np.rint((pos[:, 1] - lo[1]) / step).astype(int)
-        return fields[:, iy, ix].T.astype(np.float64)  # (n, S)
-
-    los = ndtr(sample(D_COR[sc, False])) < p_los
-    sf = np.where(los, SIGMA_SF[sc, True] * sample(D_COR[sc, True]), SIGMA_SF[sc, False] * sample(D_COR[sc, False]))
-    h_e = effective_height(sc, d2d, h_ut[:, None], r_ue)
-    pl = path_loss_db(sc, d2d, h_ut[:, None], p.fc_ghz, los, h_e)  # (n, S)
-
-    azimuth = np.degrees(np.arctan2(dxy[..., 1], dxy[..., 0]))  # (n, S)
-    depression = np.degrees(np.arctan2(hbs - h_ut[:, None], np.maximum(d2d, 1e-9)))
-    az_off = _wrap_deg(azimuth[:, cell_site] - cell_bore[None, :])  # (n, C)
-    gain = antenna_gain_db(az_off, depression[:, cell_site], cell_tilt[None, :])
-    p_re = cell_power - 10 * math.log10(12 * p.n_rb)
-    rsrp_all = p_re[None, :] + gain - (pl + sf)[:, cell_site] - o2i[:, None]
-
-    serving, rsrp, rsrq, sinr = _signals(p, rsrp_all, load)
+    serving, rsrp, rsrq, sinr = _signals(p, links.rsrp_dbm, cells.load)
+    n = len(serving)
     rows = np.arange(n)
-    site = cell_site[serving]
-    k_nb = max(3, p.pilot_pollution_cells)
-    others = np.sort(np.where(np.arange(n_cells)[None, :] == serving[:, None], -np.inf, rsrp_all), axis=1)
-    neighbours = others[:, ::-1][:, :k_nb]  # strongest other cells, dBm
-    dist = d2d[rows, site]
+    site = cells.site[serving]
+    neighbours = _strongest_others(links.rsrp_dbm, serving, max(3, p.pilot_pollution_cells))
+    dist = links.d2d[rows, site]
     flags = problem_flags(rsrp, neighbours[:, p.pilot_pollution_cells - 1], dist, p)
     cls = problem_class(flags)
 
-    # geometry relative to the serving site and to the other sites
-    other_d = np.where(np.arange(n_sites)[None, :] == site[:, None], np.inf, d2d)
-    near = np.argsort(other_d, axis=1)[:, :2]
-    site_load = load.reshape(n_sites, 3).mean(1)
-    grid = np.floor((pos - pos.min(0)) / p.region_m).astype(np.int64)
-    region = grid[:, 1] * (int(grid[:, 0].max()) + 1) + grid[:, 0]
-
-    serving_cols = {
-        "x_m": pos[:, 0], "y_m": pos[:, 1], "dx_m": dxy[rows, site, 0], "dy_m": dxy[rows, site, 1],
-        "distance_m": dist, "log10_distance": np.log10(np.maximum(dist, 1.0)),
-        "azimuth_off_boresight_deg": az_off[rows, serving], "depression_deg": depression[rows, site],
-        "ue_height_m": h_ut, "indoor": indoor.astype(np.float64), "serving_tx_power_dbm": cell_power[serving],
-        "serving_downtilt_deg": cell_tilt[serving], "serving_load": load[serving],
-    }
-    network_cols = {
-        "nbr_site_distance_1_m": other_d[rows, near[:, 0]], "nbr_site_distance_2_m": other_d[rows, near[:, 1]],
-        "nbr_site_load_1": site_load[near[:, 0]], "nbr_site_load_2": site_load[near[:, 1]],
-        "mean_other_load": (load.sum() - load[serving]) / (n_cells - 1),
-    }
-    if p.target == "signals":
-        groups = (serving_cols, network_cols)
-        y = np.stack([rsrp, rsrq, sinr], axis=1).astype(np.float32)
-        target_names, task = SIGNAL_NAMES, "regression"
-    else:
-        measured = {"rsrp_dbm": rsrp, "rsrq_db": rsrq, "sinr_db": sinr, "distance_m": dist,
-                    "azimuth_off_boresight_deg": az_off[rows, serving], "indoor": indoor.astype(np.float64),
-                    "serving_load": load[serving]}
-        neighbour = {f"nbr_rsrp_{i + 1}_dbm": neighbours[:, i] for i in range(k_nb)}
-        neighbour.update({k: network_cols[k] for k in ("nbr_site_distance_1_m", "nbr_site_load_1",
-                                                      "mean_other_load")})
-        groups = (measured, neighbour)
-        y = cls
-        target_names, task = CLASSES, "classification"
+    serving_cols = _serving_features(ues, cells, links, serving, site, dist)
+    network_cols = _network_features(cells, links.d2d, serving, site)
+    groups, y, target_names, task = _target_groups(p, serving_cols, network_cols, (rsrp, rsrq, sinr), neighbours, cls)
     names = tuple(k for g in groups for k in g)
     X = np.stack([g[k] for g in groups for k in g], axis=1).astype(np.float32)
 
     test = np.zeros(n, dtype=bool)
     test[r_split.permutation(n)[: max(1, round(p.test_fraction * n))]] = True
     info = {
-        "region": region, "cell": serving.astype(np.int64), "site": site.astype(np.int64),
-        "x_m": pos[:, 0], "y_m": pos[:, 1], "distance_m": dist, "los": los[rows, site], "indoor": indoor,
-        "rsrp_dbm": rsrp, "rsrq_db": rsrq, "sinr_db": sinr, "neighbour_rsrp_dbm": neighbours,
+        "region": _regions(ues.pos, p.region_m), "cell": serving.astype(np.int64), "site": site.astype(np.int64),
+        "x_m": ues.pos[:, 0], "y_m": ues.pos[:, 1], "distance_m": dist, "los": links.los[rows, site],
+        "indoor": ues.indoor, "rsrp_dbm": rsrp, "rsrq_db": rsrq, "sinr_db": sinr, "neighbour_rsrp_dbm": neighbours,
         "flags": flags, "problem": cls, "site_x_m": sites[site, 0], "site_y_m": sites[site, 1],
     }
     return ScenarioData(

@@ -84,7 +84,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from pydantic import Field, field_validator, model_validator
@@ -93,6 +93,9 @@ from sluice.data.scenarios.base import MetricFn, ScenarioData, ScenarioSpec, sav
 from sluice.errors import DataError
 from sluice.metrics import KNOWN, energy_efficiency, energy_metrics
 from sluice.schema import Section
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 
 @dataclass(frozen=True)
@@ -300,97 +303,154 @@ def held_out_days(rng: np.random.Generator, units: int, days: int, fraction: flo
     return test
 
 
-def generate(p: EnergyParams, seed: int) -> ScenarioData:
-    """Generate the energy-saving table for ``p`` and ``seed`` (see the module docstring)."""
-    rng = np.random.default_rng(seed)
-    C, D = p.cells, p.days
-    H = D * 24
+@dataclass(frozen=True)
+class _Cells:
+    """Per-cell configuration (one entry per cell), drawn by :func:`_draw_cells`."""
 
-    # cells: type, site, carriers, back-off, profile
+    ctype: np.ndarray  # index in CELL_TYPES
+    site: np.ndarray
+    profile: np.ndarray  # index in PROFILES, the site's
+    n_trx: np.ndarray  # EARTH N_TRX of the type
+    p0: np.ndarray  # EARTH P0, W
+    dp: np.ndarray  # EARTH Δp
+    psl: np.ndarray  # EARTH P_sleep, W
+    p_conf: np.ndarray  # configured output power per chain, W
+    carriers: np.ndarray
+    bw: np.ndarray  # MHz per carrier
+    prbs: np.ndarray  # PRBs per carrier
+    se_mean: np.ndarray  # mean spectral efficiency, bit/s/Hz
+    es_on: np.ndarray  # energy saving enabled
+    may_sleep: np.ndarray  # energy saving enabled and a type in sleep_types
+
+
+def _draw_cells(p: EnergyParams, rng: np.random.Generator) -> _Cells:
+    """Draw, in this order, each cell's type, site, the sites' traffic profiles, back-off, carriers and
+    energy-saving switch; the EARTH values, bandwidth and spectral efficiency follow from the type."""
+    C = p.cells
     types = [t for t in CELL_TYPES if p.cell_mix.get(t, 0.0) > 0]
     counts = _counts(np.array([p.cell_mix[t] for t in types]), C)
     ctype = rng.permutation(np.repeat(np.array([CELL_TYPES.index(t) for t in types]), counts))
     site = rng.permutation(np.arange(C) % p.sites)
     site_profile = rng.integers(0, len(PROFILES), p.sites)
-    profile = site_profile[site]
-    tname = [CELL_TYPES[i] for i in ctype]
-    row = [EARTH[t] for t in tname]
-    n_trx = np.array([r.n_trx for r in row], np.float64)
-    p0 = np.array([r.p0_w for r in row])
-    dp = np.array([r.delta_p for r in row])
-    psl = np.array([r.p_sleep_w for r in row])
     backoff = rng.uniform(0.0, p.max_backoff_db, C)
-    p_conf = np.array([r.p_max_w for r in row]) * 10 ** (-backoff / 10)
+    tname = [CELL_TYPES[i] for i in ctype]
     max_k = np.array([p.max_carriers.get(t, 1) for t in tname])
     carriers = np.where(max_k == 2, rng.integers(1, 3, C), 1)
-    bw = np.array([float(p.bandwidth_mhz.get(t, 10.0)) for t in tname])
-    prbs = np.array([LTE_PRBS[b] for b in bw], np.float64)
-    se_mean = np.array([p.spectral_efficiency[t] for t in tname])
     es_on = rng.random(C) < p.es_cell_share
-    may_sleep = np.isin(ctype, [CELL_TYPES.index(t) for t in p.sleep_types]) & es_on
+    earth = np.array([[r.n_trx, r.p0_w, r.delta_p, r.p_sleep_w, r.p_max_w] for r in EARTH.values()])[ctype]
+    bw = np.array([float(p.bandwidth_mhz.get(t, 10.0)) for t in tname])
+    return _Cells(
+        ctype=ctype, site=site, profile=site_profile[site],
+        n_trx=earth[:, 0], p0=earth[:, 1], dp=earth[:, 2], psl=earth[:, 3],
+        p_conf=earth[:, 4] * 10 ** (-backoff / 10), carriers=carriers,
+        bw=bw, prbs=np.array([LTE_PRBS[b] for b in bw], np.float64),
+        se_mean=np.array([p.spectral_efficiency[t] for t in tname]), es_on=es_on,
+        may_sleep=np.isin(ctype, [CELL_TYPES.index(t) for t in p.sleep_types]) & es_on,
+    )
 
-    # demand and load before energy saving, (C, H)
-    hour = np.arange(H) % 24
-    day = np.arange(H) // 24
-    weekend = (day % 7) >= 5
+
+def _demand(p: EnergyParams, cells: _Cells, hour: np.ndarray, day: np.ndarray, weekend: np.ndarray,
+            rng: np.random.Generator) -> np.ndarray:
+    """``(cells, hours)`` demand ``D_ct`` as a share of capacity: busy-hour load × profile shape × weekend
+    factor × log-normal day and hour noise (drawn in this order)."""
+    C, H = p.cells, len(hour)
     names = list(PROFILES)
-    shape = np.stack([diurnal_profile(hour + 0.5, n) for n in names])[profile]
-    wk = np.array([p.weekend_factor[n] for n in names])[profile][:, None]
+    shape = np.stack([diurnal_profile(hour + 0.5, n) for n in names])[cells.profile]
+    wk = np.array([p.weekend_factor[n] for n in names])[cells.profile][:, None]
     w = np.where(weekend[None, :], wk, 1.0)
     busy = rng.uniform(*p.busy_hour_load, C)[:, None]
     s_d, s_h = p.day_noise, p.traffic_noise
-    day_f = np.exp(s_d * rng.standard_normal((C, D)) - s_d**2 / 2)[:, day]
+    day_f = np.exp(s_d * rng.standard_normal((C, p.days)) - s_d**2 / 2)[:, day]
     hour_f = np.exp(s_h * rng.standard_normal((C, H)) - s_h**2 / 2)
-    demand = busy * shape * w * day_f * hour_f
-    load = np.minimum(demand, 1.0)
+    return busy * shape * w * day_f * hour_f
 
-    # energy-saving mode per cell-hour, in priority order
+
+def _es_modes(p: EnergyParams, cells: _Cells, load: np.ndarray, hour: np.ndarray) -> np.ndarray:
+    """Energy-saving mode (index in :data:`ES_MODES`) per cell-hour from the load before energy saving, in
+    priority order sleep, carrier shutdown, symbol shutdown."""
     a, b = p.sleep_hours
     night = (hour >= a) & (hour < b)
-    sleep = may_sleep[:, None] & night[None, :] & (load < p.sleep_below)
-    carrier = ~sleep & es_on[:, None] & (carriers[:, None] == 2) & (load < p.carrier_shutdown_below)
-    symbol = ~sleep & ~carrier & es_on[:, None] & (load < p.symbol_shutdown_below)
-    es = np.select([sleep, carrier, symbol], [3, 2, 1], 0)
+    sleep = cells.may_sleep[:, None] & night[None, :] & (load < p.sleep_below)
+    carrier = ~sleep & cells.es_on[:, None] & (cells.carriers[:, None] == 2) & (load < p.carrier_shutdown_below)
+    symbol = ~sleep & ~carrier & cells.es_on[:, None] & (load < p.symbol_shutdown_below)
+    return np.select([sleep, carrier, symbol], [3, 2, 1], 0)
 
-    # carriers on, PRB load they carry, power
-    k = carriers[:, None].astype(np.float64)
+
+def _carried_load_and_power(p: EnergyParams, cells: _Cells, load: np.ndarray, es: np.ndarray
+                            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """PRBs used, PRB load of the carriers that are on, and EARTH input power (W) per cell-hour in the
+    energy-saving modes ``es``."""
+    sleep, carrier, symbol = es == 3, es == 2, es == 1
+    k = cells.carriers[:, None].astype(np.float64)
     k_on = np.where(carrier, 1.0, np.where(sleep, 0.0, k))
-    used_prbs = np.where(sleep, 0.0, load * k * prbs[:, None])
-    active_load = np.where(k_on > 0, used_prbs / np.maximum(k_on * prbs[:, None], 1.0), 0.0)
-    p0_eff = p0[:, None] * np.where(symbol, 1.0 - p.symbol_shutdown_saving * (1.0 - active_load), 1.0)
-    on_w = earth_power(n_trx[:, None], p0_eff, dp[:, None], p_conf[:, None] * active_load, psl[:, None])
-    off_w = earth_power(n_trx[:, None], p0[:, None], dp[:, None], 0.0, psl[:, None], sleeping=True)
-    power = k_on * on_w + (k - k_on) * off_w
+    prbs = cells.prbs[:, None]
+    used_prbs = np.where(sleep, 0.0, load * k * prbs)
+    active_load = np.where(k_on > 0, used_prbs / np.maximum(k_on * prbs, 1.0), 0.0)
+    n_trx, p0, dp, psl = cells.n_trx[:, None], cells.p0[:, None], cells.dp[:, None], cells.psl[:, None]
+    p0_eff = p0 * np.where(symbol, 1.0 - p.symbol_shutdown_saving * (1.0 - active_load), 1.0)
+    on_w = earth_power(n_trx, p0_eff, dp, cells.p_conf[:, None] * active_load, psl)
+    off_w = earth_power(n_trx, p0, dp, 0.0, psl, sleeping=True)
+    return used_prbs, active_load, k_on * on_w + (k - k_on) * off_w
 
-    se = se_mean[:, None] * np.exp(p.se_noise * rng.standard_normal((C, H)) - p.se_noise**2 / 2)
+
+def _bits_and_energy(p: EnergyParams, cells: _Cells, used_prbs: np.ndarray, power_w: np.ndarray,
+                     rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Served bits, metered energy (kWh) and energy efficiency (bit/J) per cell-hour; the spectral-efficiency
+    noise is drawn before the meter noise."""
+    C, H = used_prbs.shape
+    se = cells.se_mean[:, None] * np.exp(p.se_noise * rng.standard_normal((C, H)) - p.se_noise**2 / 2)
     bits = se * used_prbs * PRB_HZ * 3600.0
     s_m = p.meter_noise
-    kwh = power / 1000.0 * np.exp(s_m * rng.standard_normal((C, H)) - s_m**2 / 2)
-    ee = energy_efficiency(bits, kwh * 3.6e6)
+    kwh = power_w / 1000.0 * np.exp(s_m * rng.standard_normal((C, H)) - s_m**2 / 2)
+    return bits, kwh, energy_efficiency(bits, kwh * 3.6e6)
 
-    prev = np.concatenate([active_load[:, :1], active_load[:, :-1]], axis=1)
-    test = held_out_days(rng, C, D, p.test_fraction)[:, day]
+
+def _features(cells: _Cells, es: np.ndarray, active_load: np.ndarray, hour: np.ndarray, weekend: np.ndarray
+              ) -> np.ndarray:
+    """The :data:`FEATURES` matrix (float32), one row per cell-hour, cell by cell."""
+    C, H = active_load.shape
 
     def per_cell(v: np.ndarray) -> np.ndarray:
         return np.repeat(v, H)
 
-    onehot_t = np.eye(len(CELL_TYPES))[ctype]
+    prev = np.concatenate([active_load[:, :1], active_load[:, :-1]], axis=1)
+    onehot_t = np.eye(len(CELL_TYPES))[cells.ctype]
     onehot_es = np.eye(len(ES_MODES))[es.reshape(-1)]
     cols = [
         *(per_cell(onehot_t[:, i]) for i in range(len(CELL_TYPES))),
-        per_cell(carriers), per_cell(n_trx), per_cell(carriers * bw),
-        per_cell(10 * np.log10(p_conf * 1000.0)),
+        per_cell(cells.carriers), per_cell(cells.n_trx), per_cell(cells.carriers * cells.bw),
+        per_cell(10 * np.log10(cells.p_conf * 1000.0)),
         *(onehot_es[:, i] for i in range(len(ES_MODES))),
         np.tile(np.sin(2 * np.pi * hour / 24), C), np.tile(np.cos(2 * np.pi * hour / 24), C),
         np.tile(weekend.astype(np.float64), C), active_load.reshape(-1), prev.reshape(-1),
     ]
-    X = np.stack(cols, axis=1).astype(np.float32)
+    return np.stack(cols, axis=1).astype(np.float32)
+
+
+def generate(p: EnergyParams, seed: int) -> ScenarioData:
+    """Generate the energy-saving table for ``p`` and ``seed`` (see the module docstring)."""
+    rng = np.random.default_rng(seed)
+    C, D = p.cells, p.days
+    H = D * 24
+    cells = _draw_cells(p, rng)
+    hour = np.arange(H) % 24
+    day = np.arange(H) // 24
+    weekend = (day % 7) >= 5
+    demand = _demand(p, cells, hour, day, weekend, rng)  # (C, H)
+    load = np.minimum(demand, 1.0)  # before energy saving
+    es = _es_modes(p, cells, load, hour)
+    used_prbs, active_load, power = _carried_load_and_power(p, cells, load, es)
+    bits, kwh, ee = _bits_and_energy(p, cells, used_prbs, power, rng)
+    test = held_out_days(rng, C, D, p.test_fraction)[:, day]
+
+    X = _features(cells, es, active_load, hour, weekend)
     y = np.stack([kwh.reshape(-1), ee.reshape(-1)], axis=1).astype(np.float32)
     cell_id = np.repeat(np.arange(C), H)
-    party = cell_id if p.party_by == "cell" else np.repeat(site, H)
+    party = cell_id if p.party_by == "cell" else np.repeat(cells.site, H)
     info = {
-        "cell": cell_id.astype(np.int64), "site": np.repeat(site, H).astype(np.int64),
-        "cell_type": np.repeat(ctype, H).astype(np.int64), "profile": np.repeat(profile, H).astype(np.int64),
+        "cell": cell_id.astype(np.int64), "site": np.repeat(cells.site, H).astype(np.int64),
+        "cell_type": np.repeat(cells.ctype, H).astype(np.int64),
+        "profile": np.repeat(cells.profile, H).astype(np.int64),
         "hour": np.tile(np.arange(H), C).astype(np.int64), "es_mode": es.reshape(-1).astype(np.int64),
         "demand": demand.reshape(-1).astype(np.float32), "power_w": power.reshape(-1).astype(np.float32),
         "bits": bits.reshape(-1).astype(np.float64),
@@ -414,6 +474,20 @@ METRIC_SPECS = tuple(KNOWN[n] for n in ("energy_error", "energy_consumption_erro
 
 
 # ------------------------------------------------------------------------------------------------ describe
+def _shade_es_modes(ax_load: Axes, ax_power: Axes, hours: np.ndarray, mode: np.ndarray) -> None:
+    """Shade the runs of ``hours`` in each energy-saving ``mode`` on both axes; legend on ``ax_power``."""
+    colours = {1: "C2", 2: "C1", 3: "C4"}
+    for code, col in colours.items():
+        on = np.concatenate([[False], mode == code, [False]]).astype(np.int8)
+        starts, ends = np.flatnonzero(np.diff(on) == 1), np.flatnonzero(np.diff(on) == -1)
+        for j, (s, e) in enumerate(zip(starts, ends, strict=True)):
+            for ax in (ax_load, ax_power):
+                ax.axvspan(hours[s] - 0.5, hours[e - 1] + 0.5, color=col, alpha=0.2, lw=0,
+                           label=f"ES: {ES_MODES[code]}" if j == 0 and ax is ax_power else None)
+    if (mode > 0).any():
+        ax_power.legend(loc="upper right", fontsize=8)
+
+
 def describe(data: ScenarioData, out_dir: Path) -> tuple[list[str], list[Path]]:
     """Statistics (cells by type, load, kWh per cell-day, ES-mode shares, efficiency) and ``energy_week.png``:
     a week of one cell's demand, PRB load and input power, its energy-saving hours shaded."""
@@ -462,17 +536,7 @@ def describe(data: ScenarioData, out_dir: Path) -> tuple[list[str], list[Path]]:
     ax2.plot(h, info["power_w"][m], lw=1.2, color="C3")
     ax2.set_ylabel("input power (W)")
     ax2.set_xlabel("hour")
-    colours = {1: "C2", 2: "C1", 3: "C4"}
-    mode = es[m]
-    for code, col in colours.items():
-        on = np.concatenate([[False], mode == code, [False]]).astype(np.int8)
-        starts, ends = np.flatnonzero(np.diff(on) == 1), np.flatnonzero(np.diff(on) == -1)
-        for j, (s, e) in enumerate(zip(starts, ends, strict=True)):
-            for ax in (ax1, ax2):
-                ax.axvspan(h[s] - 0.5, h[e - 1] + 0.5, color=col, alpha=0.2, lw=0,
-                           label=f"ES: {ES_MODES[code]}" if j == 0 and ax is ax2 else None)
-    if (mode > 0).any():
-        ax2.legend(loc="upper right", fontsize=8)
+    _shade_es_modes(ax1, ax2, h, es[m])
     fig.suptitle(f"cell {pick} ({CELL_TYPES[int(ctype[m][0])]}), first week")
     fig.tight_layout()
     return lines, [save_figure(fig, out_dir, "energy_week.png")]
