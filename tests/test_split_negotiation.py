@@ -10,7 +10,7 @@ from sluice.engine import Engine
 from sluice.errors import NegotiationError, TrainingError, TransportError
 from sluice.split import SplitConfig, SplitEngine, run_inprocess
 from sluice.split.config import PartyPolicy
-from sluice.split.engine import task_loader
+from sluice.split.engine import follower_for, task_loader
 from sluice.split.follower import judge
 from sluice.split.plan import make_plan, proposal_for
 
@@ -152,8 +152,7 @@ def test_a_setup_wait_allows_setup_timeout_s_and_names_it():
 
     cfg = _cfg(transport={"timeout_s": 0.2, "setup_timeout_s": 1.0})
     _, ends = emulated_links(cfg, ["follower-1"])
-    f = Follower(ends[0], cfg.party, cfg.transport.timeout_s, load=task_loader(cfg),
-                 setup_timeout_s=cfg.transport.setup_timeout_s)
+    f = follower_for(ends[0], cfg)
     assert f.setup_timeout_s == 1.0
     t0 = time.perf_counter()
     with pytest.raises(TransportError, match=r"for 1 s while waiting for the task proposal from leader.*raise "

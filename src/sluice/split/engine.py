@@ -80,6 +80,12 @@ def task_loader(cfg: SplitConfig) -> Callable[[dict[str, Any]], SplitTask]:
     return load
 
 
+def follower_for(link: Link, cfg: SplitConfig) -> Follower:
+    """The follower party of ``cfg`` at the end ``link`` (its policy, timeouts, queue threshold and device)."""
+    return Follower(link, cfg.party, cfg.transport.timeout_s, cfg.pipeline.queue_threshold_bytes,
+                    load=task_loader(cfg), device=cfg.train.device, setup_timeout_s=cfg.transport.setup_timeout_s)
+
+
 class SplitEngine:
     """Pipelined split training as an :class:`~sluice.engine.Engine` (see the module docstring).
 
@@ -265,9 +271,7 @@ class SplitEngine:
             return connect_followers(cfg, names, self._procs.addresses)
         links, ends = emulated_links(cfg, names)
         for end in ends:
-            f = Follower(end, cfg.party, cfg.transport.timeout_s, cfg.pipeline.queue_threshold_bytes,
-                         load=task_loader(cfg), device=cfg.train.device,
-                         setup_timeout_s=cfg.transport.setup_timeout_s)
+            f = follower_for(end, cfg)
             if self.trace:
                 f.trace = []
             self.followers.append(f)

@@ -20,8 +20,7 @@ from sluice.files import atomic_write
 from sluice.transport.grpc_link import GrpcListener
 
 from .config import SplitConfig
-from .engine import FollowerHook, Record, SplitEngine, task_loader
-from .follower import Follower
+from .engine import FollowerHook, Record, SplitEngine, follower_for
 from .links import tls_files
 from .models import import_optimizer_modules
 from .party import switch_interval
@@ -99,8 +98,7 @@ def serve_follower(
         link = listener.accept(accept_timeout)
         if on_event:
             on_event("leader connected")
-        f = Follower(link, cfg.party, cfg.transport.timeout_s, cfg.pipeline.queue_threshold_bytes,
-                     load=task_loader(cfg), device=cfg.train.device, setup_timeout_s=cfg.transport.setup_timeout_s)
+        f = follower_for(link, cfg)
         with switch_interval(cfg.pipeline.switch_interval_ms):
             return f.serve()
     finally:
