@@ -37,7 +37,7 @@ JOB = {"engine": "hfl", "federation": "edge", "seed": 0, "data": {"num_clients":
 TF = "SubNetwork=SN1,MLTrainingFunction=TF1"
 
 
-def _config(tmp: Path, dep: LocalDeployment) -> Path:
+def _config(tmp: Path, dep: LocalDeployment, round_timeout_s: float) -> Path:
     """The service's configuration: federation ``edge`` is ``dep``, ``gone`` a SuperLink nobody runs."""
     path = tmp / "service.toml"
     path.write_text(f"""
@@ -45,7 +45,7 @@ def _config(tmp: Path, dep: LocalDeployment) -> Path:
 superlink = "{dep.address}"
 root_certificates = "{dep.certs.ca}"
 nodes = 3
-round_timeout_s = 60
+round_timeout_s = {round_timeout_s}
 link_timeout_s = 15
 
 [federations.gone]
@@ -56,13 +56,16 @@ insecure = true
 
 
 @contextlib.contextmanager
-def service_on_a_federation(tmp: Path, *extra: str) -> Iterator[tuple[LocalDeployment, Server]]:
-    """A 3-node TLS deployment and a service whose federation ``edge`` it is; both stopped at the end."""
+def service_on_a_federation(tmp: Path, *extra: str, round_timeout_s: float = 180
+                            ) -> Iterator[tuple[LocalDeployment, Server]]:
+    """A 3-node TLS deployment and a service whose federation ``edge`` it is; both stopped at the end. A round
+    waits ``round_timeout_s`` for the nodes: on a loaded machine a round of three ClientApp processes has taken
+    about 60 s, and a live node that misses the deadline drops out of the process's participants."""
     dep = LocalDeployment(tmp / "dep", nodes=3, tls=True)
     srv = None
     try:
         dep.start()
-        srv = start_server(tmp, extra=(str(_config(tmp, dep)), *extra))
+        srv = start_server(tmp, extra=(str(_config(tmp, dep, round_timeout_s)), *extra))
         yield dep, srv
     finally:
         if srv is not None:

@@ -29,7 +29,8 @@ def _iterations(srv: Any, rid: str, n: int) -> dict[str, Any]:
 
 
 def test_a_killed_node_leaves_the_federation_and_its_restart_rejoins(tmp_path) -> None:
-    with service_on_a_federation(tmp_path) as (dep, srv):
+    # the killed node's round lasts the whole round timeout
+    with service_on_a_federation(tmp_path, round_timeout_s=60) as (dep, srv):
         rec = Receiver()
         try:
             sub = srv.uri("SubNetwork=SN1/NtfSubscriptionControl=FED")
