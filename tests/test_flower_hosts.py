@@ -93,7 +93,7 @@ def _stopped(home: Path, run_id: int) -> str:
 
 @pytest.mark.flower
 @pytest.mark.slow
-@pytest.mark.timeout(600)  # a SuperLink, two runs and five Flower CLI calls: minutes on a loaded machine
+@pytest.mark.timeout(900)  # a SuperLink, two runs and five Flower CLI calls: minutes on a loaded machine
 def test_a_run_the_superlink_never_starts_ends_with_engine_failure(tmp_path: Path, monkeypatch) -> None:
     """A SuperLink whose certificate does not name 127.0.0.1 accepts runs and never starts them (its executor
     cannot connect). Submitted from elsewhere, or followed on the SuperLink's host, the run ends after the start

@@ -29,7 +29,7 @@ from test_service_support import (
     stop_server,
 )
 
-pytestmark = [pytest.mark.flower, pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.flower, pytest.mark.slow, pytest.mark.timeout(900)]
 
 SETS = ["data.num_clients=3", "train.participation=1.0", "model.hidden=[32]", "train.local_epochs=1"]
 JOB = {"engine": "hfl", "federation": "edge", "seed": 0, "data": {"num_clients": 3},
