@@ -1,14 +1,14 @@
 """The REST interface: TS 28.532 ProvMnS operations on the TS 28.105 classes, as a FastAPI app.
 
-Every path under ``{MnSRoot}/ProvMnS/{MnSVersion}/`` is one LDN. A router per resource class takes its
-methods (:mod:`~sluice.service.route_requests`, :mod:`~sluice.service.route_processes`,
-:mod:`~sluice.service.route_subscriptions`), :mod:`~sluice.service.route_read` every ``GET`` and
-:mod:`~sluice.service.route_tree` ``POST``, ``OPTIONS`` and whatever else; the caller is a dependency
-(:func:`sluice.service.web.caller`). The LDN is parsed, so a malformed one is a 400 and an unknown one a 404,
-both with the 3GPP error body of the method — as is every other error, the framework's own included (unknown
-paths, methods, bodies that are not JSON: :func:`sluice.service.web.install_error_handlers`). The OpenAPI
-document served (``openapi.json`` under the base path and at the root) is the pruned 3GPP bundle, not a
-generated one.
+Every path under ``{MnSRoot}/ProvMnS/{MnSVersion}/`` is one LDN. Two module-level routers take every LDN:
+:mod:`~sluice.service.route_read` its ``GET`` and :mod:`~sluice.service.route_tree` the other methods, which hands a
+write to the module of the resource's class (:mod:`~sluice.service.route_requests`,
+:mod:`~sluice.service.route_processes`, :mod:`~sluice.service.route_subscriptions`); the caller and the producer's
+tree are dependencies (:func:`sluice.service.web.caller`, :func:`sluice.service.web.site`).
+The LDN is parsed, so a malformed one is a 400 and an unknown one a 404, both with the 3GPP error body of the
+method — as is every other error, the framework's own included (unknown paths, methods, bodies that are not JSON:
+:func:`sluice.service.web.install_error_handlers`). The OpenAPI document served (``openapi.json`` under the base
+path and at the root) is the pruned 3GPP bundle, not a generated one.
 
 Methods and media types:
 
@@ -41,7 +41,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from sluice.service import route_processes, route_read, route_requests, route_subscriptions, route_tree
+from sluice.service import route_read, route_tree
 from sluice.service.auth import TokenRegistry
 from sluice.service.config import ServiceConfig
 from sluice.service.core import TrainingService
@@ -84,7 +84,7 @@ def create_app(cfg: ServiceConfig, public_url: str | None = None) -> FastAPI:
     for path in ("/openapi.json", f"{base}/openapi.json"):
         app.get(path, include_in_schema=False)(lambda: json_response(bundle()))
     add_operations(app, service, base, bundle)  # /health, /ready, /metrics, openapi.yaml: no token
-    site = Site(service, base)
-    for module in (route_requests, route_processes, route_subscriptions, route_read, route_tree):
-        app.include_router(module.router(site))
+    app.state.site = Site(service)
+    for module in (route_read, route_tree):
+        app.include_router(module.router, prefix=base)
     return app

@@ -3,14 +3,12 @@ controls (cancel, suspend/resume, priority, termination conditions), answer a pr
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import Request
 from fastapi.responses import Response
 
 from sluice.service.auth import Actor
 from sluice.service.nrm import READ_ONLY, MnSError, ldn_to_dn, read_vs, representation
 from sluice.service.web import (
-    Caller,
-    RawBody,
     Site,
     json_response,
     patch_input,
@@ -42,19 +40,3 @@ def patch(site: Site, request: Request, ldn: str, raw: bytes, actor: Actor | Non
     p = patch_input(request, ldn, cls, row, raw)
     return json_response(representation(site.service.modify_process(ldn, p.attrs, p.vs, merge=p.merge)), 200)
 
-
-def router(site: Site) -> APIRouter:
-    r = APIRouter()
-    path = site.base + "/{parent:path}/" + CLS + "={pid}"
-
-    @r.put(path, include_in_schema=False)
-    def put_route(request: Request, parent: str, pid: str, actor: Caller,
-                  raw: RawBody) -> Response:
-        return put(site, request, f"{parent}/{CLS}={pid}", raw, actor)
-
-    @r.patch(path, include_in_schema=False)
-    def patch_route(request: Request, parent: str, pid: str, actor: Caller,
-                    raw: RawBody) -> Response:
-        return patch(site, request, f"{parent}/{CLS}={pid}", raw, actor)
-
-    return r

@@ -14,7 +14,7 @@ from sluice.service.auth import Actor
 from sluice.service.filters import CLASSES, attributes_of, parse_filter
 from sluice.service.nrm import MnSError, id_of, representation, select_fields
 from sluice.service.store import _filter_matches
-from sluice.service.web import GET_PARAMS, Caller, Site, json_response
+from sluice.service.web import GET_PARAMS, Caller, Site, SiteDep, json_response
 
 SCOPE_TYPES = ("BASE_ONLY", "BASE_NTH_LEVEL", "BASE_SUBTREE", "BASE_ALL")
 
@@ -133,11 +133,10 @@ def read(site: Site, request: Request, ldn: str, actor: Actor | None) -> Respons
     return json_response(top)
 
 
-def router(site: Site) -> APIRouter:
-    r = APIRouter()
+router = APIRouter()
+"""``GET`` on every LDN; included under the base path."""
 
-    @r.get(site.base + "/{ldn:path}", include_in_schema=False)
-    def get(request: Request, ldn: str, actor: Caller) -> Response:
-        return read(site, request, ldn, actor)
 
-    return r
+@router.get("/{ldn:path}", include_in_schema=False)
+def get(request: Request, ldn: str, actor: Caller, site: SiteDep) -> Response:
+    return read(site, request, ldn, actor)

@@ -4,14 +4,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import Request
 from fastapi.responses import Response
 
 from sluice.service.auth import Actor
 from sluice.service.nrm import read_vs, representation
 from sluice.service.web import (
-    Caller,
-    RawBody,
     Site,
     json_response,
     patch_input,
@@ -49,23 +47,3 @@ def delete(site: Site, ldn: str, actor: Actor | None) -> Response:
     site.service.delete_request(ldn)
     return Response(status_code=204)
 
-
-def router(site: Site) -> APIRouter:
-    r = APIRouter()
-    path = site.base + "/{parent:path}/" + CLS + "={rid}"
-
-    @r.put(path, include_in_schema=False)
-    def put_route(request: Request, parent: str, rid: str, actor: Caller,
-                  raw: RawBody) -> Response:
-        return put(site, request, f"{parent}/{CLS}={rid}", raw, actor)
-
-    @r.patch(path, include_in_schema=False)
-    def patch_route(request: Request, parent: str, rid: str, actor: Caller,
-                    raw: RawBody) -> Response:
-        return patch(site, request, f"{parent}/{CLS}={rid}", raw, actor)
-
-    @r.delete(path, include_in_schema=False)
-    def delete_route(parent: str, rid: str, actor: Caller) -> Response:
-        return delete(site, f"{parent}/{CLS}={rid}", actor)
-
-    return r

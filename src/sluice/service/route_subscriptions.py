@@ -3,15 +3,13 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import Request
 from fastapi.responses import Response
 
 from sluice.config import merge_patch
 from sluice.service.auth import Actor
 from sluice.service.nrm import id_of, representation
 from sluice.service.web import (
-    Caller,
-    RawBody,
     Site,
     json_response,
     patch_input,
@@ -46,23 +44,3 @@ def delete(site: Site, ldn: str, actor: Actor | None) -> Response:
     site.service.delete_subscription(ldn)
     return Response(status_code=204)
 
-
-def router(site: Site) -> APIRouter:
-    r = APIRouter()
-    path = site.base + "/{parent:path}/" + CLS + "={sid}"
-
-    @r.put(path, include_in_schema=False)
-    def put_route(request: Request, parent: str, sid: str, actor: Caller,
-                  raw: RawBody) -> Response:
-        return put(site, request, f"{parent}/{CLS}={sid}", raw, actor)
-
-    @r.patch(path, include_in_schema=False)
-    def patch_route(request: Request, parent: str, sid: str, actor: Caller,
-                    raw: RawBody) -> Response:
-        return patch(site, request, f"{parent}/{CLS}={sid}", raw, actor)
-
-    @r.delete(path, include_in_schema=False)
-    def delete_route(parent: str, sid: str, actor: Caller) -> Response:
-        return delete(site, f"{parent}/{CLS}={sid}", actor)
-
-    return r

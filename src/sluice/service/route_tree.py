@@ -21,6 +21,7 @@ from sluice.service.web import (
     Caller,
     RawBody,
     Site,
+    SiteDep,
     allowed,
     documented_methods,
     json_response,
@@ -84,36 +85,37 @@ def delete(site: Site, ldn: str, actor: Actor | None) -> Response:
     raise MnSError(405, f"{cls} is deleted by the producer only", bad_objects=[ldn_to_dn(ldn)])
 
 
-def router(site: Site) -> APIRouter:
-    r = APIRouter()
-    path = site.base + "/{ldn:path}"
+router = APIRouter()
+"""``POST``, ``PUT``, ``PATCH``, ``DELETE``, ``OPTIONS`` and ``HEAD`` on every LDN; included under the base path."""
+PATH = "/{ldn:path}"
 
-    @r.post(path, include_in_schema=False)
-    def post_route(request: Request, ldn: str, actor: Caller,
-                   raw: RawBody) -> Response:
-        return post(site, request, ldn, raw, actor)
 
-    @r.put(path, include_in_schema=False)
-    def put_route(request: Request, ldn: str, actor: Caller,
-                  raw: RawBody) -> Response:
-        return put(site, request, ldn, raw, actor)
+@router.post(PATH, include_in_schema=False)
+def post_route(request: Request, ldn: str, actor: Caller, raw: RawBody, site: SiteDep) -> Response:
+    return post(site, request, ldn, raw, actor)
 
-    @r.patch(path, include_in_schema=False)
-    def patch_route(request: Request, ldn: str, actor: Caller,
-                    raw: RawBody) -> Response:
-        return patch(site, request, ldn, raw, actor)
 
-    @r.delete(path, include_in_schema=False)
-    def delete_route(ldn: str, actor: Caller) -> Response:
-        return delete(site, ldn, actor)
+@router.put(PATH, include_in_schema=False)
+def put_route(request: Request, ldn: str, actor: Caller, raw: RawBody, site: SiteDep) -> Response:
+    return put(site, request, ldn, raw, actor)
 
-    @r.options(path, include_in_schema=False)
-    def options_route(ldn: str, actor: Caller) -> Response:
-        site.locate(ldn)  # what the served OpenAPI document declares for this path, no more
-        return Response(status_code=204, headers={"Allow": ", ".join(documented_methods(ldn))})
 
-    @r.api_route(path, methods=["HEAD"], include_in_schema=False)
-    def other_route(request: Request, ldn: str, actor: Caller) -> Response:
-        raise MnSError(405, f"method {request.method} is not supported; use {', '.join(METHODS)}")
+@router.patch(PATH, include_in_schema=False)
+def patch_route(request: Request, ldn: str, actor: Caller, raw: RawBody, site: SiteDep) -> Response:
+    return patch(site, request, ldn, raw, actor)
 
-    return r
+
+@router.delete(PATH, include_in_schema=False)
+def delete_route(ldn: str, actor: Caller, site: SiteDep) -> Response:
+    return delete(site, ldn, actor)
+
+
+@router.options(PATH, include_in_schema=False)
+def options_route(ldn: str, actor: Caller, site: SiteDep) -> Response:
+    site.locate(ldn)  # what the served OpenAPI document declares for this path, no more
+    return Response(status_code=204, headers={"Allow": ", ".join(documented_methods(ldn))})
+
+
+@router.api_route(PATH, methods=["HEAD"], include_in_schema=False)
+def other_route(request: Request, ldn: str, actor: Caller) -> Response:
+    raise MnSError(405, f"method {request.method} is not supported; use {', '.join(METHODS)}")

@@ -126,11 +126,10 @@ RawBody = Annotated[bytes, Depends(raw_body)]
 
 
 class Site:
-    """This producer's tree as the routers see it: the service, the base path and the LDN checks."""
+    """This producer's tree as the routers see it: the service and the LDN checks."""
 
-    def __init__(self, service: TrainingService, base: str) -> None:
+    def __init__(self, service: TrainingService) -> None:
         self.service = service
-        self.base = base
         self.sn_ldn = service.sn
 
     def locate(self, ldn: str) -> tuple[str, str]:
@@ -162,6 +161,14 @@ class Site:
             raise MnSError(400, f"objectClass {body['objectClass']!r} differs from the URI's class {cls!r}",
                            bad_attributes=["objectClass"])
         return {**body, "id": rid}
+
+
+def site(request: Request) -> Site:
+    return request.app.state.site
+
+
+SiteDep = Annotated[Site, Depends(site)]
+"""A route's view of the producer's tree (``app.state.site``)."""
 
 
 def put_answer(request: Request, row: Any, created: bool) -> Response:
