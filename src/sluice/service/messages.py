@@ -92,20 +92,7 @@ class WorkerMessagesMixin(ServiceBase):
                                       process_state=msg["process"], created_at=time.time()))
             return
         if kind == "progress":
-            now = time.monotonic()
-            status = msg["status"]
-            pct = status.get("progressPercentage")
-            with self.store.write() as tx:
-                proc = tx.get(ldn)
-                if proc is None or _phase(proc) is Phase.ENDED:
-                    return
-                if self._repeated(proc, status):
-                    return
-                old_pct = proc.attributes["progressStatus"].get("progressPercentage")
-                if pct == old_pct and now - self._last_progress.get(ldn, 0.0) < self.cfg.progress_interval_s:
-                    return
-                self._last_progress[ldn] = now
-                self._apply_status(tx, proc, status)
+            self._on_progress(ldn, msg["status"])
             return
         if kind == "state":
             with self.store.write() as tx:
@@ -125,20 +112,7 @@ class WorkerMessagesMixin(ServiceBase):
                                                  "model": proc.internal.get("model")}, None, None, refused=True)
             return
         if kind in ("failed", "died"):
-            with self.store.write() as tx:
-                proc = tx.get(ldn)
-                if proc is None or _phase(proc) is Phase.ENDED:
-                    return
-                if kind == "died":  # killed, or crashed: as after a restart of the service
-                    self._requeue_interrupted(tx, proc, f"its worker exited with code {msg.get('exitcode')}",
-                                              self.cfg.worker_restarts)
-                    return
-                st = proc.vs_data.get("sluice-status") or {}
-                detail = msg.get("error") or f"the worker exited with code {msg.get('exitcode')} before reporting"
-                report = {"cause": Cause.ENGINE_FAILURE.value, "status": "FAILED", "detail": detail,
-                          "iterations": st.get("iterations", 0), "performance": st.get("metrics", {}),
-                          "duration_s": st.get("elapsed_s", 0.0), "model": proc.internal.get("model")}
-                self._end_process(tx, proc, report, None, None, refused=bool(msg.get("before_training")))
+            self._on_failure(ldn, msg)
             return
         if kind == "done":
             with self.store.write() as tx:
@@ -150,6 +124,37 @@ class WorkerMessagesMixin(ServiceBase):
                     Cause.INSUFFICIENT_TRAINING_SAMPLES.value, Cause.INSUFFICIENT_COMPUTE.value)
                 self._end_process(tx, proc, report, msg.get("model"), msg.get("model_name"), refused=refused)
             self._last_progress.pop(ldn, None)
+
+    def _on_progress(self, ldn: str, status: dict[str, Any]) -> None:
+        """Store a running process's status, at most every ``progress_interval_s`` unless its percentage moved."""
+        now = time.monotonic()
+        with self.store.write() as tx:
+            proc = tx.get(ldn)
+            if proc is None or _phase(proc) is Phase.ENDED or self._repeated(proc, status):
+                return
+            old_pct = proc.attributes["progressStatus"].get("progressPercentage")
+            if (status.get("progressPercentage") == old_pct
+                    and now - self._last_progress.get(ldn, 0.0) < self.cfg.progress_interval_s):
+                return
+            self._last_progress[ldn] = now
+            self._apply_status(tx, proc, status)
+
+    def _on_failure(self, ldn: str, msg: dict[str, Any]) -> None:
+        """A worker that failed ends its process (ENGINE_FAILURE); one that died has it queued again."""
+        with self.store.write() as tx:
+            proc = tx.get(ldn)
+            if proc is None or _phase(proc) is Phase.ENDED:
+                return
+            if msg.get("kind") == "died":  # killed, or crashed: as after a restart of the service
+                self._requeue_interrupted(tx, proc, f"its worker exited with code {msg.get('exitcode')}",
+                                          self.cfg.worker_restarts)
+                return
+            st = proc.vs_data.get("sluice-status") or {}
+            detail = msg.get("error") or f"the worker exited with code {msg.get('exitcode')} before reporting"
+            report = {"cause": Cause.ENGINE_FAILURE.value, "status": "FAILED", "detail": detail,
+                      "iterations": st.get("iterations", 0), "performance": st.get("metrics", {}),
+                      "duration_s": st.get("elapsed_s", 0.0), "model": proc.internal.get("model")}
+            self._end_process(tx, proc, report, None, None, refused=bool(msg.get("before_training")))
 
     @staticmethod
     def _repeated(proc: MOI, st: dict[str, Any]) -> bool:
@@ -199,6 +204,31 @@ class WorkerMessagesMixin(ServiceBase):
             ident = report["model"] = stored_identity(tx, ident)
             model_ldn = self._store_model(tx, proc, ident, model_bytes, model_name, rep_ldn)
         perf = {k: v for k, v in (report.get("performance") or {}).items() if _finite(v)}
+        clients = [ClientReport.model_validate(c) for c in report.get("clients") or []]
+        if tx.get(rep_ldn) is None:
+            vs_report = {k: v for k, v in report.items() if k != "model_path"}
+            vs_report.update(refused=refused, run_metrics={k: v for k, v in perf.items() if k in OPERATIONAL_METRICS})
+            tx.create(rep_ldn, "MLTrainingReport", self._report_attributes(proc, perf, clients, model_ldn),
+                      {"sluice-report": vs_report}, inherited(proc.internal))
+        ps = _ended_progress(proc, report)
+        attrs = {"progressStatus": ps, "trainingReportRef": ldn_to_dn(rep_ldn)}
+        if clients:
+            attrs["participatingFLClientRefList"] = participating_fl_clients(clients, ldn_to_dn(self.tf))
+        if model_ldn is not None:
+            attrs["mLModelRef"] = ldn_to_dn(model_ldn)
+        st = _ended_status(proc, report, perf, ps)
+        before = ProcessRecord.of(proc.internal)
+        after, effects = transition(before, Ended(refused))
+        self._set_process(tx, proc, attrs=attrs, vs={"sluice-status": st},
+                          internal={"phase": after.phase.value, "refused": after.refused, "ended_at": time.time(),
+                                    "model": ident or proc.internal.get("model")})
+        ckpt = tx.s.get(Checkpoint, proc.dn) if effects else None  # DropCheckpoint
+        if ckpt is not None:
+            tx.s.delete(ckpt)
+
+    def _report_attributes(self, proc: MOI, perf: dict[str, float], clients: list[ClientReport],
+                           model_ldn: str | None) -> dict[str, Any]:
+        """The 3GPP attributes of an ended process's ``MLTrainingReport``."""
         model_perf = {k: v for k, v in perf.items() if k not in OPERATIONAL_METRICS}  # not the run's own counts
         rattrs: dict[str, Any] = {
             "modelPerformanceTraining": [{"performanceMetric": k, "performanceScore": v}
@@ -212,53 +242,13 @@ class WorkerMessagesMixin(ServiceBase):
         ratio = self._train_ratio(proc)
         if ratio is not None:
             rattrs["dataRatioTrainingAndValidation"] = ratio
-        clients = [ClientReport.model_validate(c) for c in report.get("clients") or []]
         if clients:
             rattrs["fLReportPerClient"] = fl_report_per_client(clients, ldn_to_dn(self.tf))
         if proc.internal.get("last_report"):
             rattrs["lastTrainingRef"] = proc.internal["last_report"]
         if model_ldn is not None:
             rattrs["mLModelGeneratedRef"] = ldn_to_dn(model_ldn)
-        vs_report = {k: v for k, v in report.items() if k != "model_path"}
-        vs_report["refused"] = refused
-        vs_report["run_metrics"] = {k: v for k, v in perf.items() if k in OPERATIONAL_METRICS}
-        if tx.get(rep_ldn) is None:
-            tx.create(rep_ldn, "MLTrainingReport", rattrs, {"sluice-report": vs_report}, inherited(proc.internal))
-        status = report.get("status", "FAILED")
-        if status not in ENDED:
-            status = "FAILED"
-        ps: dict[str, Any] = {"status": status, "progressStateInfo": status, "resultStateInfo": report.get("cause", "")}
-        pct = 100 if status == "FINISHED" else report.get("progress_percent")  # a finished process did it all
-        old_ps = proc.attributes.get("progressStatus", {})
-        if pct is not None:
-            ps["progressPercentage"] = max(0, min(100, int(pct)))
-        elif "progressPercentage" in old_ps:
-            ps["progressPercentage"] = old_ps["progressPercentage"]
-        ps.update({k: old_ps[k] for k in ("startTime",) if k in old_ps}, endTime=now_iso())
-        attrs = {"progressStatus": ps, "trainingReportRef": ldn_to_dn(rep_ldn)}
-        if clients:
-            attrs["participatingFLClientRefList"] = participating_fl_clients(clients, ldn_to_dn(self.tf))
-        if model_ldn is not None:
-            attrs["mLModelRef"] = ldn_to_dn(model_ldn)
-        st = dict(proc.vs_data.get("sluice-status") or {})
-        st.update(state=status, iterations=report.get("iterations", st.get("iterations", 0)),
-                  cause=report.get("cause"), detail=report.get("detail", ""),
-                  estimated_remaining_iterations=report.get("estimated_remaining_iterations"),
-                  estimated_remaining_s=report.get("estimated_remaining_s"),
-                  bytes_up=report.get("bytes_up", st.get("bytes_up", 0)),
-                  bytes_down=report.get("bytes_down", st.get("bytes_down", 0)))
-        if "performance" in report:  # the status shows what the report says, not the last progress stored
-            st.update(metrics=perf, elapsed_s=report.get("duration_s", st.get("elapsed_s")))
-        if "progressPercentage" in ps:
-            st["progress_percent"] = ps["progressPercentage"]
-        before = ProcessRecord.of(proc.internal)
-        after, effects = transition(before, Ended(refused))
-        self._set_process(tx, proc, attrs=attrs, vs={"sluice-status": st},
-                          internal={"phase": after.phase.value, "refused": after.refused, "ended_at": time.time(),
-                                    "model": ident or proc.internal.get("model")})
-        ckpt = tx.s.get(Checkpoint, proc.dn) if effects else None  # DropCheckpoint
-        if ckpt is not None:
-            tx.s.delete(ckpt)
+        return rattrs
 
     def _store_model(self, tx: Tx, proc: MOI, ident: dict[str, Any], model_bytes: bytes, model_name: str | None,
                      rep_ldn: str) -> str:
@@ -297,3 +287,35 @@ class WorkerMessagesMixin(ServiceBase):
         if proc.internal.get("kind") == "local":
             return 80
         return None
+
+
+def _ended_progress(proc: MOI, report: dict[str, Any]) -> dict[str, Any]:
+    """The ``progressStatus`` of a process ending with ``report`` (a status other than an end one is FAILED)."""
+    status = report.get("status", "FAILED")
+    if status not in ENDED:
+        status = "FAILED"
+    ps: dict[str, Any] = {"status": status, "progressStateInfo": status, "resultStateInfo": report.get("cause", "")}
+    pct = 100 if status == "FINISHED" else report.get("progress_percent")  # a finished process did it all
+    old_ps = proc.attributes.get("progressStatus", {})
+    if pct is not None:
+        ps["progressPercentage"] = max(0, min(100, int(pct)))
+    elif "progressPercentage" in old_ps:
+        ps["progressPercentage"] = old_ps["progressPercentage"]
+    ps.update({k: old_ps[k] for k in ("startTime",) if k in old_ps}, endTime=now_iso())
+    return ps
+
+
+def _ended_status(proc: MOI, report: dict[str, Any], perf: dict[str, float], ps: dict[str, Any]) -> dict[str, Any]:
+    """The ``sluice-status`` of a process ending with ``report``: what the report says, not the last progress."""
+    st = dict(proc.vs_data.get("sluice-status") or {})
+    st.update(state=ps["status"], iterations=report.get("iterations", st.get("iterations", 0)),
+              cause=report.get("cause"), detail=report.get("detail", ""),
+              estimated_remaining_iterations=report.get("estimated_remaining_iterations"),
+              estimated_remaining_s=report.get("estimated_remaining_s"),
+              bytes_up=report.get("bytes_up", st.get("bytes_up", 0)),
+              bytes_down=report.get("bytes_down", st.get("bytes_down", 0)))
+    if "performance" in report:
+        st.update(metrics=perf, elapsed_s=report.get("duration_s", st.get("elapsed_s")))
+    if "progressPercentage" in ps:
+        st["progress_percent"] = ps["progressPercentage"]
+    return st

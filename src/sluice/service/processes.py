@@ -162,14 +162,7 @@ class ProcessesMixin(ServiceBase):
         cancel = attrs["cancelProcess"] and not old.get("cancelProcess", False)
         suspend_change = attrs["suspendProcess"] != old.get("suspendProcess", False)
         if phase is Phase.ENDED:
-            if cancel and proc.attributes["progressStatus"]["status"] != "CANCELLED":
-                raise MnSError(409, "the process has ended; it cannot be cancelled", bad_attributes=["cancelProcess"])
-            if suspend_change:
-                raise MnSError(409, "the process has ended; it cannot be suspended or resumed",
-                               bad_attributes=["suspendProcess"])
-            if new_term is not None or new_req is not None:
-                raise MnSError(409, "the process has ended; its parameters cannot change",
-                               bad_attributes=["terminationConditions"])
+            _refuse_on_ended(proc, cancel, suspend_change, new_term is not None or new_req is not None)
         for effect in transition(record, Agreed()).effects if neg is not None else ():
             if isinstance(effect, Refused):
                 raise MnSError(effect.code, effect.reason, bad_attributes=["VsDataContainer/sluice-negotiation"])
@@ -178,20 +171,36 @@ class ProcessesMixin(ServiceBase):
         if phase is Phase.PROPOSED and (neg is not None or new_term is not None):
             self._answer_proposal(ldn, neg, new_term, new_req)
         elif phase.active and (new_term is not None or new_req is not None):
-            cmd: dict[str, Any] = {"cmd": "update"}
-            if new_term is not None:
-                cmd.update(termination=new_term, replace=replace)
-            if new_req is not None:
-                cmd["requirements"] = new_req
-            self._call(proc, cmd, "terminationConditions")
+            self._send_parameters(proc, new_term, replace, new_req)
+        self._store_parameters(ldn, attrs.get("priority"), new_term, new_req)
+        if suspend_change:
+            self._suspend(ldn, attrs["suspendProcess"])
+        if cancel:
+            self._cancel(ldn)
+        self.supervisor.wake()
+        return self.get(ldn)
+
+    def _send_parameters(self, proc: MOI, new_term: dict[str, Any] | None, replace: bool,
+                         new_req: dict[str, Any] | None) -> None:
+        """Send a running process's worker its new termination parameters and/or requirements."""
+        cmd: dict[str, Any] = {"cmd": "update"}
+        if new_term is not None:
+            cmd.update(termination=new_term, replace=replace)
+        if new_req is not None:
+            cmd["requirements"] = new_req
+        self._call(proc, cmd, "terminationConditions")
+
+    def _store_parameters(self, ldn: str, priority: int | None, new_term: dict[str, Any] | None,
+                          new_req: dict[str, Any] | None) -> None:
+        """Record a changed priority, and new termination parameters or requirements unless the process ended."""
         with self.store.write() as tx:
             p = tx.get(ldn)
             assert p is not None
             a: dict[str, Any] = {}
             i: dict[str, Any] = {}
             v: dict[str, Any] = {}
-            if "priority" in attrs and attrs["priority"] != p.attributes.get("priority"):
-                a["priority"] = attrs["priority"]
+            if priority is not None and priority != p.attributes.get("priority"):
+                a["priority"] = priority
             if new_term is not None and _phase(p) is not Phase.ENDED:
                 a["terminationConditions"] = brief(parse_termination(new_term))
                 v["sluice-termination"] = new_term
@@ -201,12 +210,6 @@ class ProcessesMixin(ServiceBase):
                 i["requirements"] = new_req
             if a or v or i:
                 self._set_process(tx, p, attrs=a, vs=v, internal=i)
-        if suspend_change:
-            self._suspend(ldn, attrs["suspendProcess"])
-        if cancel:
-            self._cancel(ldn)
-        self.supervisor.wake()
-        return self.get(ldn)
 
     @staticmethod
     def _new_termination(proc: MOI, attrs: dict[str, Any], old: dict[str, Any], term_patch: Any,
@@ -280,3 +283,15 @@ class ProcessesMixin(ServiceBase):
             self._set_process(tx, p, attrs={"progressStatus": status,
                                             "terminationConditions": brief(parse_termination(agreed))},
                               vs=vs, internal=internal)
+
+
+def _refuse_on_ended(proc: MOI, cancel: bool, suspend_change: bool, parameters: bool) -> None:
+    """409 for a change an ended process cannot take (cancelling a cancelled one again is a no-op)."""
+    if cancel and proc.attributes["progressStatus"]["status"] != "CANCELLED":
+        raise MnSError(409, "the process has ended; it cannot be cancelled", bad_attributes=["cancelProcess"])
+    if suspend_change:
+        raise MnSError(409, "the process has ended; it cannot be suspended or resumed",
+                       bad_attributes=["suspendProcess"])
+    if parameters:
+        raise MnSError(409, "the process has ended; its parameters cannot change",
+                       bad_attributes=["terminationConditions"])

@@ -290,37 +290,11 @@ class RequestsMixin(ServiceBase):
         new_job = self._job_from(attrs, vs, id_of(ldn)) if job_changed else old_job
         cancel = attrs["cancelRequest"] and not old_attrs.get("cancelRequest", False)
         suspend_change = attrs["suspendRequest"] != old_attrs.get("suspendRequest", False)
-        if cancel and ended and proc.attributes["progressStatus"]["status"] != "CANCELLED":
-            raise MnSError(409, f"the request has ended ({req.attributes.get('requestStatus')}); it cannot be "
-                           "cancelled", bad_attributes=["cancelRequest"])
-        if suspend_change and ended:
-            raise MnSError(409, f"the request has ended ({req.attributes.get('requestStatus')}); it cannot be "
-                           "suspended or resumed", bad_attributes=["suspendRequest"])
-        if job_changed and not ended and _phase(proc).active:
+        if ended:
+            _refuse_on_ended(req, proc, cancel, suspend_change)
+        elif job_changed and _phase(proc).active:
             self._update_running(proc, old_job, new_job)
-        # write the request, then act on the process
-        with self.store.write() as tx:
-            cur = tx.get(ldn)
-            assert cur is not None
-            new_attrs = dict(attrs)
-            new_attrs["requestStatus"] = cur.attributes.get("requestStatus", "NOT_STARTED")
-            tx.update(cur, attributes=new_attrs, vs_data={**vs, **({"sluice-trigger": cur.vs_data["sluice-trigger"]}
-                                                                   if "sluice-trigger" in cur.vs_data else {})},
-                      internal={**cur.internal, "job": new_job.stored()})
-            p = tx.get(proc.dn)
-            assert p is not None
-            if job_changed and _phase(p).pending:
-                self._requeue_with(tx, cur, p, new_job)
-                p = tx.get(proc.dn)
-                assert p is not None
-            elif job_changed and _phase(p).active:
-                term = new_job.termination
-                self._set_process(tx, p, vs={k: v for k, v in (
-                    ("sluice-termination", term), ("sluice-requirements", new_job.requirements)) if v is not None},
-                    attrs={"terminationConditions": brief(parse_termination(term)) if term else p.attributes.get(
-                        "terminationConditions", "")},
-                    internal={"termination": term or p.internal.get("termination"),
-                              "requirements": new_job.requirements})
+        self._store_request(ldn, proc.dn, attrs, vs, new_job, job_changed)
         if suspend_change:
             self._suspend(proc.dn, attrs["suspendRequest"])
         if cancel:
@@ -329,6 +303,31 @@ class RequestsMixin(ServiceBase):
             self.feedback(ldn, feedback)
         self.supervisor.wake()
         return self.get(ldn)
+
+    def _store_request(self, ldn: str, proc_ldn: str, attrs: dict[str, Any], vs: dict[str, Any], job: StoredJob,
+                       job_changed: bool) -> None:
+        """Write the request's new attributes, vsData and job; a changed job requeues a pending process with it or
+        gives a running one its termination parameters and requirements."""
+        with self.store.write() as tx:
+            cur = tx.get(ldn)
+            assert cur is not None
+            new_attrs = dict(attrs)
+            new_attrs["requestStatus"] = cur.attributes.get("requestStatus", "NOT_STARTED")
+            tx.update(cur, attributes=new_attrs, vs_data={**vs, **({"sluice-trigger": cur.vs_data["sluice-trigger"]}
+                                                                   if "sluice-trigger" in cur.vs_data else {})},
+                      internal={**cur.internal, "job": job.stored()})
+            p = tx.get(proc_ldn)
+            assert p is not None
+            if job_changed and _phase(p).pending:
+                self._requeue_with(tx, cur, p, job)
+            elif job_changed and _phase(p).active:
+                term = job.termination
+                self._set_process(tx, p, vs={k: v for k, v in (
+                    ("sluice-termination", term), ("sluice-requirements", job.requirements)) if v is not None},
+                    attrs={"terminationConditions": brief(parse_termination(term)) if term else p.attributes.get(
+                        "terminationConditions", "")},
+                    internal={"termination": term or p.internal.get("termination"),
+                              "requirements": job.requirements})
 
     def _merged_request(self, req: MOI, attrs_in: Any, vs_in: dict[str, Any], merge: bool) -> tuple[
             dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
@@ -397,3 +396,13 @@ class RequestsMixin(ServiceBase):
                  requirements=job.requirements, federation=job.federation)
         tx.update(proc, attributes=a, vs_data=v, internal=i)
         self._sync_request(tx, proc)
+
+
+def _refuse_on_ended(req: MOI, proc: MOI, cancel: bool, suspend_change: bool) -> None:
+    """409 for a change an ended request cannot take (cancelling a cancelled one again is a no-op)."""
+    if cancel and proc.attributes["progressStatus"]["status"] != "CANCELLED":
+        raise MnSError(409, f"the request has ended ({req.attributes.get('requestStatus')}); it cannot be "
+                       "cancelled", bad_attributes=["cancelRequest"])
+    if suspend_change:
+        raise MnSError(409, f"the request has ended ({req.attributes.get('requestStatus')}); it cannot be "
+                       "suspended or resumed", bad_attributes=["suspendRequest"])
