@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from sluice.tasks.split import build_part
+from sluice.tasks.split import SplitTask, build_part
 
 from .config import SplitConfig
 from .data import party_data
@@ -22,24 +22,44 @@ from .plan import BatchPlan, agree_rows, make_plan
 from .topology import topology
 
 
+def _parts(cfg: SplitConfig, lead: SplitTask, tasks: dict[str, SplitTask]) -> dict[str, torch.nn.Module]:
+    """Every trained part by name (``leader.top``, ``leader.bottom``, each follower's part), seeded as the parties
+    seed theirs."""
+    topo = topology(cfg.topology)
+    parts = {"leader.top": build_part(lead, "top", cfg.seed, "leader.top")}
+    if topo.leader_bottom:
+        parts["leader.bottom"] = build_part(lead, "bottom", cfg.seed, "leader.bottom")
+    for name, t in tasks.items():
+        parts[topo.part(name)] = build_part(t, "bottom", cfg.seed, topo.part(name))
+    return parts
+
+
+def _forward(cfg: SplitConfig, parts: dict[str, torch.nn.Module], x_lead: torch.Tensor | None,
+             x_followers: list[tuple[str, torch.Tensor]]) -> torch.Tensor:
+    """The leader's output for one batch: the U-shape's leader-follower-leader chain, or the top over the
+    concatenated bottoms."""
+    topo = topology(cfg.topology)
+    if topo.u_shape:
+        (mid,) = [topo.part(f"follower-{i + 1}") for i in range(cfg.followers)]
+        return parts["leader.top"](parts[mid](parts["leader.bottom"](x_lead)))
+    hs = [parts["leader.bottom"](x_lead)] if topo.leader_bottom else []
+    hs += [parts[name](X) for name, X in x_followers]
+    return parts["leader.top"](torch.cat(hs, dim=1) if len(hs) > 1 else hs[0])
+
+
 def reference_train(cfg: SplitConfig, steps: int) -> tuple[dict[str, dict[str, torch.Tensor]], list[float]]:
     """Train ``steps`` full-batch steps centrally; returns (part name -> state dict, loss per step)."""
     torch.set_num_threads(1)
     topo = topology(cfg.topology)
-    names = [f"follower-{i + 1}" for i in range(cfg.followers)]
     lead = party_task(cfg, "leader")
-    tasks = {name: party_task(cfg, name) for name in names}
+    tasks = {f"follower-{i + 1}": party_task(cfg, f"follower-{i + 1}") for i in range(cfg.followers)}
     assert lead.table is not None
     common = np.ones(len(lead.table.ids), dtype=bool)
     for t in tasks.values():
         if topo.follower_features and t.table is not None:
             common &= np.isin(lead.table.ids, t.table.ids)
     plan = make_plan(cfg, *agree_rows(cfg, lead.table, np.flatnonzero(common)))
-    parts = {"leader.top": build_part(lead, "top", cfg.seed, "leader.top")}
-    if topo.leader_bottom:
-        parts["leader.bottom"] = build_part(lead, "bottom", cfg.seed, "leader.bottom")
-    for name, t in tasks.items():
-        parts[topo.part(name)] = build_part(t, "bottom", cfg.seed, topo.part(name))
+    parts = _parts(cfg, lead, tasks)
     dt = next(p for p in parts["leader.top"].parameters() if p.is_floating_point()).dtype
     data = party_data(lead, plan.train_ids, plan.test_ids, dt, True)
     assert data.y_train is not None
@@ -56,13 +76,8 @@ def reference_train(cfg: SplitConfig, steps: int) -> tuple[dict[str, dict[str, t
     losses = []
     for s in range(steps):
         b = torch.from_numpy(batches.batch(s))
-        if topo.u_shape:
-            (mid,) = [topo.part(n) for n in names]
-            z = parts["leader.top"](parts[mid](parts["leader.bottom"](data.X_train[b])))
-        else:
-            hs = [parts["leader.bottom"](data.X_train[b])] if topo.leader_bottom else []
-            hs += [parts[name](X[b]) for name, X in X_f]
-            z = parts["leader.top"](torch.cat(hs, dim=1) if len(hs) > 1 else hs[0])
+        x_lead = data.X_train[b] if topo.u_shape or topo.leader_bottom else None
+        z = _forward(cfg, parts, x_lead, [(name, X[b]) for name, X in X_f])
         loss = group_loss(lead, z, y[b], len(b))
         loss.backward()
         for o in opts:
