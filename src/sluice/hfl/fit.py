@@ -59,16 +59,14 @@ def adaptive_optimizer(task: Task, model: nn.Module, lr: float) -> str | None:
     return type(opt).__name__ if "betas" in opt.defaults or isinstance(opt, kinds) else None
 
 
-def fit_compression(cfg: HFLConfig, task: Task, model: nn.Module) -> tuple[HFLConfig, list[str]]:
-    """``cfg`` with the budgets sized for ``task`` and its ``model`` (see the module docstring), and a note
-    for each choice that changed a setting."""
-    c = cfg.compression
+def _reasons(task: Task, model: nn.Module, lr: float) -> tuple[str | None, list[str]]:
+    """The task's adaptive client optimizer (None: not one, or an embedding-table model) and why its
+    compression needs room: the optimizer, normalisation layers, recurrent layers."""
     d = sum(p.numel() for p in model.parameters())
     tables = sum(p.numel() for m in model.modules() if isinstance(m, EMBEDDINGS) for p in m.parameters(recurse=False))
-    optimizer = adaptive_optimizer(task, model, cfg.train.lr) if tables <= d / 2 else None
+    optimizer = adaptive_optimizer(task, model, lr) if tables <= d / 2 else None
     norms = sorted({type(m).__name__ for m in model.modules() if isinstance(m, NORMS)})
     recurrent = sorted({type(m).__name__ for m in model.modules() if isinstance(m, nn.RNNBase)})
-    update: dict[str, Any] = {}
     why = []
     if optimizer:
         why.append(f"its client optimizer {optimizer} moves every coordinate alike")
@@ -76,12 +74,18 @@ def fit_compression(cfg: HFLConfig, task: Task, model: nn.Module) -> tuple[HFLCo
         why.append(f"its model normalises activations ({', '.join(norms)})")
     if recurrent:
         why.append(f"its model has recurrent layers ({', '.join(recurrent)})")
+    return optimizer, why
+
+
+def _update(cfg: HFLConfig, d: int, optimizer: str | None, up_min: int, down_min: int) -> dict[str, Any]:
+    """The compression settings to change for a model of ``d`` parameters: the unset downlink budget and gain,
+    and ratios raised so that uploads keep ``up_min`` coordinates and steps move ``down_min``."""
+    c = cfg.compression
+    update: dict[str, Any] = {}
     if c.down == "topk" and c.down_budget is None:
         update["down_budget"] = ADAPTIVE_DOWN_BUDGET if optimizer else DOWN_BUDGET
     if c.down == "topk" and c.down_adapt is None:
         update["down_adapt"] = 0.0 if optimizer else DOWN_ADAPT
-    up_min = c.up_min if c.up_min is not None else (UP_MIN if why else 0)
-    down_min = c.down_min if c.down_min is not None else (DOWN_MIN if why else 0)
     if c.up in ("sample", "topk", "randk") and up_min / d > c.up_ratio:
         update["up_ratio"] = min(1.0, up_min / d)
     q = cfg.train.participation
@@ -90,6 +94,18 @@ def fit_compression(cfg: HFLConfig, task: Task, model: nn.Module) -> tuple[HFLCo
         update["down_budget"] = min(1.0, down_min / (d * q))
     elif c.down == "topk" and c.down_ratio is not None and down_min / d > c.down_ratio:
         update["down_ratio"] = min(1.0, down_min / d)
+    return update
+
+
+def fit_compression(cfg: HFLConfig, task: Task, model: nn.Module) -> tuple[HFLConfig, list[str]]:
+    """``cfg`` with the budgets sized for ``task`` and its ``model`` (see the module docstring), and a note
+    for each choice that changed a setting."""
+    c = cfg.compression
+    d = sum(p.numel() for p in model.parameters())
+    optimizer, why = _reasons(task, model, cfg.train.lr)
+    up_min = c.up_min if c.up_min is not None else (UP_MIN if why else 0)
+    down_min = c.down_min if c.down_min is not None else (DOWN_MIN if why else 0)
+    update = _update(cfg, d, optimizer, up_min, down_min)
     fitted = cfg.model_copy(update={"compression": c.model_copy(update=update)})
     defaults = {"down_budget": DOWN_BUDGET, "down_adapt": DOWN_ADAPT}
     changed = {k: v for k, v in update.items() if defaults.get(k) != v}
