@@ -96,15 +96,8 @@ def _nest(top: dict[str, Any], row: Any, base_depth: int, rows: list[Any], chose
         nodes[r.dn] = node
 
 
-def read(site: Site, request: Request, ldn: str, actor: Actor | None) -> Response:
-    q = request.query_params
-    bad = sorted(set(q) - GET_PARAMS)
-    if bad:
-        raise MnSError(400, f"unknown query parameters {bad}; allowed: {sorted(GET_PARAMS)}", bad_query_params=bad)
-    cls, _ = site.locate(ldn)
-    row = site.service.get(ldn, actor)
-    if cls == "MLModel" and "application/octet-stream" in request.headers.get("accept", ""):
-        return _download(site, ldn, row)
+def _query(q: Any, cls: str) -> tuple[list[str] | None, list[str] | None, str, int | None, Any, Any]:
+    """A GET's selection, checked: ``(attributes, fields, scopeType, scopeLevel, filter, dataNodeSelector)``."""
     attributes = [a for a in q.get("attributes", "").split(",") if a] if "attributes" in q else None
     fields = [f for f in q.get("fields", "").split(",") if f] if "fields" in q else None
     scope_type, level = _scope(q)
@@ -116,6 +109,18 @@ def read(site: Site, request: Request, ldn: str, actor: Actor | None) -> Respons
     for param, names in (("attributes", attributes), ("fields", fields)):
         if names is not None:
             _check_selection(param, names, classes)
+    return attributes, fields, scope_type, level, flt, selector
+
+
+def read(site: Site, request: Request, ldn: str, actor: Actor | None) -> Response:
+    q = request.query_params
+    if bad := sorted(set(q) - GET_PARAMS):
+        raise MnSError(400, f"unknown query parameters {bad}; allowed: {sorted(GET_PARAMS)}", bad_query_params=bad)
+    cls, _ = site.locate(ldn)
+    row = site.service.get(ldn, actor)
+    if cls == "MLModel" and "application/octet-stream" in request.headers.get("accept", ""):
+        return _download(site, ldn, row)
+    attributes, fields, scope_type, level, flt, selector = _query(q, cls)
 
     def render(r: Any) -> dict[str, Any]:
         doc = representation(r, attributes=attributes)
@@ -131,7 +136,6 @@ def read(site: Site, request: Request, ldn: str, actor: Actor | None) -> Respons
                   and (scope_type != "BASE_NTH_LEVEL" or r.dn.count("/") - base_depth == (level or 0))}
         _nest(top, row, base_depth, rows, chosen, render)
     return json_response(top)
-
 
 router = APIRouter()
 """``GET`` on every LDN; included under the base path."""
