@@ -186,7 +186,7 @@ def _args_of(action: argparse.Action) -> str:
     if n == "+":
         return f"{mv} [{mv} ...]"
     if isinstance(n, int):
-        return " ".join([mv] * n)
+        return mv if isinstance(action.metavar, tuple) else " ".join([mv] * n)  # a tuple names each value
     return mv
 
 

@@ -4,10 +4,12 @@ another package.
 
 The layers, top to bottom (a module may import its own layer and those below it, never one above)::
 
-    entry points          sluice (the public API's lazy exports), sluice.__main__, cli/, service/
+    entry points          sluice (the public API's lazy exports), sluice.__main__, cli/, service/, dashboard/
+                          (the browser pages of the service and of run directories)
     runtimes and jobs     flower/, jobs.py (the one place a job is assembled), training.py (one job trained
                           into a run directory), api.py (run_task), plots.py
-    control               control/, runs.py (run directories: config, metrics lines, summaries)
+    control               control/, runs.py (run directories: config, metrics lines, summaries),
+                          tensorboard.py (metrics lines as TensorBoard events)
     engines               hfl/, split/, local/, engine.py (the protocol control drives every engine through)
     bytes, codecs, links  wire/ (the one byte format, state and checkpoints included), compress/, transport/,
                           psi/ (private set intersection over any channel)
@@ -36,10 +38,10 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = SRC / "sluice"
 
 LAYERS: dict[str, tuple[str, ...]] = {
-    "entry points": ("sluice", "sluice.__main__", "sluice.cli", "sluice.service"),
+    "entry points": ("sluice", "sluice.__main__", "sluice.cli", "sluice.service", "sluice.dashboard"),
     "runtimes and jobs": ("sluice.flower", "sluice.jobs", "sluice.training", "sluice.remote", "sluice.api",
                           "sluice.plots"),
-    "control": ("sluice.control", "sluice.runs"),
+    "control": ("sluice.control", "sluice.runs", "sluice.tensorboard"),
     "engines": ("sluice.hfl", "sluice.split", "sluice.local", "sluice.engine"),
     "bytes, codecs and links": ("sluice.wire", "sluice.compress", "sluice.transport", "sluice.psi"),
     "tasks, data and models": ("sluice.tasks", "sluice.data", "sluice.models"),

@@ -1,7 +1,8 @@
 """Run directories: resolved config, one metrics line per iteration, a summary and plots.
 
 Files are written to a temporary name and renamed, so an interrupted run never leaves a half-written
-``summary.json`` or ``config.toml`` behind; ``metrics.jsonl`` is appended and flushed line by line.
+``summary.json`` or ``config.toml`` behind; ``metrics.jsonl`` is appended and flushed line by line (and, with
+``--log-to``, each line also goes to :mod:`sluice.tensorboard`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ class RunDir:
         self.path.mkdir(parents=True, exist_ok=True)
         self._written: set[Path] = {self.path / "metrics.jsonl"}
         self._metrics = open(self.path / "metrics.jsonl", "w", encoding="utf-8")  # noqa: SIM115
+        from sluice.tensorboard import sinks_for  # --log-to: where the metrics also go (none by default)
+
+        self._sinks = sinks_for(self.path.resolve().name)
 
     def write_config(self, config: dict[str, Any]) -> None:
         self._written.add(self.path / "config.toml")
@@ -45,6 +49,8 @@ class RunDir:
     def log(self, record: dict[str, Any]) -> None:
         self._metrics.write(json.dumps(record) + "\n")
         self._metrics.flush()
+        for sink in self._sinks:
+            sink.log(record)
 
     def write_json(self, name: str, obj: Any) -> Path:
         path = self.path / name
@@ -55,6 +61,9 @@ class RunDir:
     def close(self) -> None:
         if not self._metrics.closed:
             self._metrics.close()
+        for sink in self._sinks:
+            sink.close()
+        self._sinks = []
 
     def discard(self) -> None:
         """Remove what this run wrote, and the directory when this run created it."""

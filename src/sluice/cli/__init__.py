@@ -16,16 +16,19 @@ from rich.markup import escape
 
 from sluice import __version__
 from sluice.errors import SluiceError
+from sluice.tensorboard import add_option as add_log_to
+from sluice.tensorboard import configure as configure_log_to
 
 from . import certs as _certs
 from . import consumer as _consumer
 from . import control as _control
+from . import dashboard as _dashboard
 from . import run as _run
 from . import serve as _serve
 from . import split as _split
 from . import tokens as _tokens
 
-_COMMANDS = [_run, _split, _control, _certs, _serve, _tokens, _consumer]
+_COMMANDS = [_run, _split, _control, _certs, _serve, _tokens, _consumer, _dashboard]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,13 +39,23 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in _COMMANDS:
         module.register(sub)
+    for p in _run_parsers(sub):
+        add_log_to(p)
     return parser
+
+
+def _run_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentParser]:
+    """The commands that train into a run directory: ``run``, ``local`` and ``split run``."""
+    split = sub.choices["split"]
+    nested = next(a for a in split._actions if isinstance(a, argparse._SubParsersAction))
+    return [sub.choices["run"], sub.choices["local"], nested.choices["run"]]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        configure_log_to(getattr(args, "log_to", None))
         return int(args.func(args) or 0)
     except SluiceError as exc:
         Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)

@@ -93,7 +93,11 @@ class Client:
         """Sync to the server model, train on ``data`` and return the encoded upload of round ``round``, of
         ``up_ratio`` (k/d the server gave this upload, :meth:`CompressionConfig.up_shares`; None:
         ``compression.up_ratio``)."""
-        delta = self.local_update(self.sync(server_message), data, round)
+        return self.upload(self.local_update(self.sync(server_message), data, round), round, up_ratio)
+
+    def upload(self, delta: Any, round: int, up_ratio: float | None = None) -> bytes:
+        """The encoded upload of the update ``delta`` of round ``round`` (what :meth:`train` returns after local
+        training; a simulator that trains its clients together calls it with each client's Δ)."""
         uplink = self.uplink
         if up_ratio is not None and up_ratio != self.cfg.compression.up_ratio:
             uplink = make_uplink(self.cfg.compression.model_copy(update={"up_ratio": float(up_ratio)}))
@@ -105,13 +109,17 @@ class Client:
     def local_update(self, held: np.ndarray, data: Dataset, round: int) -> Any:
         """Train from the model ``held`` on ``data`` in round ``round``; return the update Δ (float64: numpy, or a
         tensor left on the learner's GPU for the compressor) and keep the mean training loss in
-        :attr:`train_loss`. The batch order is seeded by ``s·1000003 + t·1009 + c``."""
-        cfg, tr = self.cfg, self.cfg.train
+        :attr:`train_loss`. The batch order is seeded by :meth:`batch_seed`."""
+        tr = self.cfg.train
         delta, self.train_loss, self._trained_buffers = self.learner.fit(
             held, self.buffers, data, epochs=tr.local_epochs, batch_size=tr.batch_size, lr=tr.lr,
-            seed=cfg.seed * 1_000_003 + round * 1009 + self.client_id, trainable=self.trainable_layers,
+            seed=self.batch_seed(round), trainable=self.trainable_layers,
             on_device=self.updates_on_device and self.learner.device.type != "cpu")
         return delta
+
+    def batch_seed(self, round: int) -> int:
+        """The seed of the client's batch order in round ``round``: ``s·1000003 + t·1009 + c``."""
+        return self.cfg.seed * 1_000_003 + round * 1009 + self.client_id
 
     # -- state as bytes -----------------------------------------------------------------------
     def state_bytes(self) -> bytes:

@@ -43,6 +43,13 @@ class TrainConfig(Section):
     eval_every: int = Field(1, ge=1, description="evaluate the server model on the test set every this many rounds")
     device: str = Field("cpu", pattern=DEVICE_PATTERN, description="where local training and evaluation run: auto "
                         "(a CUDA GPU when there is one), cpu, cuda or cuda:N")
+    batched_clients: bool | Literal["auto"] = Field(
+        False, description="simulator: train the clients of a round together, as one batched computation "
+        "(torch.func vmap; clients of different data sizes grouped by batch size), with the same batch order and, "
+        "on the CPU, the same updates as one by one; a task with its own optimizer (not SGD, Adam or AdamW), a "
+        "model with BatchNorm buffers or a client class of its own trains one by one, with a note; auto = "
+        "together in rounds that train at least 4 clients, on the CPU only for models without convolutions "
+        "(slower there together); false = one by one")
 
 
 class CompressionConfig(Section):

@@ -10,8 +10,15 @@ closes the round, delivers the anchor broadcast to every client when there is on
 server model on the test set. Bytes counted are ``len()`` of the messages exchanged (an anchor broadcast
 once per client). A networked runtime drives the same two halves; only the transport differs.
 
+With ``train.batched_clients`` the clients of a round that do not fail train together
+(:mod:`sluice.hfl.batched`): every sampled client still gets its message and syncs in client order, then
+one batched computation trains them all, then each encodes its upload with its own compressor and the server
+receives them in client order; on the CPU the bytes and the accuracy are those of one by one. A task that
+cannot train together trains one by one, with a note said once.
+
 Each round's event lists every sampled client's part (:class:`sluice.engine.ClientRound`, in client order):
-its sample count, local training time (``client.train``, timed) and train loss, or ``dropped`` for a client
+its sample count, local training time (``client.train``, timed; trained together: its share of the batched
+training plus its own encoding) and train loss, or ``dropped`` for a client
 that failed; the control plane adds them up into the report's ``clients``.
 
 Data requirements: :meth:`HFLEngine.limit_samples` keeps the first ``m_c`` samples of each client with
@@ -21,6 +28,7 @@ asked report ``INADEQUATE_TRAINING_DATA`` instead of training.
 
 from __future__ import annotations
 
+import logging
 import math
 import numbers
 import time
@@ -32,6 +40,7 @@ import torch
 
 from sluice.engine import ClientRound, IterationEvent, Suspendable
 from sluice.errors import ConfigError, DataError, TaskError, TrainingError
+from sluice.hfl.batched import BatchedFit, Together, pays, unbatchable, untensored
 from sluice.hfl.client import Client
 from sluice.hfl.config import HFLConfig
 from sluice.hfl.fit import StallWatch, fit_compression
@@ -43,6 +52,8 @@ from sluice.tasks import Task, client_datasets, load_task
 from sluice.tasks.resolve import Federation
 from sluice.tasks.task import batch, sample_shape
 from sluice.wire.state import field, pack, unpack
+
+logger = logging.getLogger(__name__)
 
 
 def client_metrics(train_loss: float | None) -> dict[str, float]:
@@ -137,6 +148,9 @@ class HFLEngine(ServerModel, Suspendable):
         self._min_samples = 0
         self._trainable: int | None = None
         self._suspended = False
+        self._one_by_one: str | None = None  # why the clients cannot train together
+        self._said_one_by_one = False
+        self._batched: BatchedFit | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -351,29 +365,8 @@ class HFLEngine(ServerModel, Suspendable):
         m = max(1, round(tr.participation * n))
         sampled = np.sort(self._rng.choice(n, size=m, replace=False))
         failed = self._rng.random(m) < tr.dropout
-        bytes_up = bytes_down = 0
-        weights, losses = [], []
-        parts: list[ClientRound] = []
-        budget = {}  # k/d per upload, only when the budget follows the clients' weights
-        if self.cfg.compression.weighted_uploads:
-            shares = self.cfg.compression.up_shares([data.sizes[c] for c in sampled.tolist()])
-            budget = {c: {"up_ratio": r} for c, r in zip(sampled.tolist(), shares, strict=True)}
-        for c, fails in zip(sampled.tolist(), failed.tolist(), strict=True):
-            msg = server.message(c)
-            bytes_down += len(msg)
-            client = self.clients[c]
-            if fails:  # it received the model, then failed before uploading
-                client.sync(msg)
-                parts.append(ClientRound(c, dropped=True))
-                continue
-            started, t_client = time.time(), time.perf_counter()
-            upload = client.train(msg, data.clients[c], rnd, **budget.get(c, {}))
-            parts.append(ClientRound(c, int(data.sizes[c]), time.perf_counter() - t_client, started,
-                                     client_metrics(client.train_loss)))
-            bytes_up += len(upload)
-            server.receive(c, upload, float(data.sizes[c]))
-            weights.append(float(data.sizes[c]))
-            losses.append(client.train_loss)
+        sizes = data.sizes
+        bytes_up, bytes_down, weights, losses, parts = self._clients_round(rnd, sampled, failed, sizes)
         broadcast = server.close_round()
         if broadcast is not None:  # every client patches its copy of the last anchor
             for client in self.clients:
@@ -381,6 +374,72 @@ class HFLEngine(ServerModel, Suspendable):
             bytes_down += n * len(broadcast)
         metrics: dict[str, float] = {"participants": float(len(losses)), "dropped": float(int(failed.sum()))}
         return self._round_event(rnd, metrics, losses, weights, bytes_up, bytes_down, t0, parts)
+
+    def _clients_round(self, rnd: int, sampled: np.ndarray, failed: np.ndarray,
+                       sizes: list[int]) -> tuple[int, int, list[float], list[float], list[ClientRound]]:
+        """The sampled clients' part of round ``rnd`` (``sizes``: every client's samples): each gets its message,
+        trains (one by one, or together: :mod:`sluice.hfl.batched`) and uploads. Returns the bytes up and
+        down, the weights and train losses of the uploads, and each sampled client's part."""
+        server, data = self.server, self.data
+        bytes_up = bytes_down = 0
+        weights, losses = [], []
+        parts: list[ClientRound] = []
+        budget = {}  # k/d per upload, only when the budget follows the clients' weights
+        if self.cfg.compression.weighted_uploads:
+            shares = self.cfg.compression.up_shares([sizes[c] for c in sampled.tolist()])
+            budget = {c: {"up_ratio": r} for c, r in zip(sampled.tolist(), shares, strict=True)}
+        together = self._together(sampled, failed)
+
+        def take(c: int, upload: bytes, seconds: float, started: float) -> None:
+            nonlocal bytes_up
+            parts[slot[c]] = ClientRound(c, int(sizes[c]), seconds, started, client_metrics(self.clients[c].train_loss))
+            bytes_up += len(upload)
+            server.receive(c, upload, float(sizes[c]))
+            weights.append(float(sizes[c]))
+            losses.append(self.clients[c].train_loss)
+
+        slot = {c: i for i, c in enumerate(sampled.tolist())}
+        for c, fails in zip(sampled.tolist(), failed.tolist(), strict=True):
+            msg = server.message(c)
+            bytes_down += len(msg)
+            client = self.clients[c]
+            parts.append(ClientRound(c, dropped=True))
+            if fails:  # it received the model, then failed before uploading
+                client.sync(msg)
+            elif together is not None:  # it trains below, together with the round's other clients
+                together.add(c, client.sync(msg))
+            else:
+                started, t_client = time.time(), time.perf_counter()
+                upload = client.train(msg, data.clients[c], rnd, **budget.get(c, {}))
+                take(c, upload, time.perf_counter() - t_client, started)
+        if together is not None:  # uploads in client order, as one by one
+            for c, upload, seconds, started in together.run(rnd, budget):
+                take(c, upload, seconds, started)
+        return bytes_up, bytes_down, weights, losses, parts
+
+    def _together(self, sampled: np.ndarray, failed: np.ndarray) -> Together | None:
+        """The round's clients that train together (``train.batched_clients``), or None: one by one."""
+        mode = self.cfg.train.batched_clients
+        if mode is False or (mode == "auto" and not pays(self.learner, len(sampled) - int(failed.sum()))):
+            return None
+        if self._one_by_one is None and self._batched is None:
+            self._one_by_one = unbatchable(self.learner, self.cfg.train.lr, self.client_cls)
+        why = self._one_by_one or untensored([self.data.clients[c] for c in sampled.tolist()])
+        if why is None:
+            self._batched = self._batched or BatchedFit(self.learner)
+            return Together(self._batched, self.clients, self.data.clients, self.cfg, self._train_one_by_one)
+        self._train_one_by_one(why)
+        return None
+
+    def _train_one_by_one(self, why: str) -> None:
+        """From now on the clients train one by one, because ``why``: said once, as a note and a log line."""
+        if not self._said_one_by_one:
+            note = (f"train.batched_clients: the clients train one by one, task {self._task().name!r} cannot train "
+                    f"together: {why}")
+            self._notes.append(note)
+            logger.warning(note)
+            self._said_one_by_one = True
+        self._one_by_one = why
 
     def _evaluate(self) -> dict[str, float]:
         """Test metrics of the server model (:meth:`sluice.hfl.learner.Learner.evaluate`)."""

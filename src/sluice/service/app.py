@@ -29,6 +29,8 @@ which carries training data) by :class:`sluice.service.limits.BodyLimit`: 413 be
 ``gzip``/``deflate`` bodies are decoded there under the same limit. A body is strict RFC 8259 JSON (no
 ``NaN``/``Infinity``, no number that overflows a float) nested at most :data:`MAX_JSON_DEPTH` deep (400).
 
+The dashboard (:mod:`sluice.dashboard`) is served at ``/``; its API takes the same tokens.
+
 Callers: with tokens configured every ProvMnS request needs ``Authorization: Bearer <token>`` (401 with
 ``WWW-Authenticate: Bearer`` otherwise) and sees only its consumer's MOIs, another consumer's answering 404
 (:mod:`sluice.service.auth`); the OpenAPI document is served to anyone.
@@ -45,6 +47,7 @@ from sluice.service import route_read, route_tree
 from sluice.service.auth import TokenRegistry
 from sluice.service.config import ServiceConfig
 from sluice.service.core import TrainingService
+from sluice.service.dashboard import mount_service_dashboard
 from sluice.service.limits import BodyLimit
 from sluice.service.metrics import add_operations
 from sluice.service.web import MAX_JSON_DEPTH, Site, install_error_handlers, json_response
@@ -63,7 +66,8 @@ def create_app(cfg: ServiceConfig, public_url: str | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> Any:
         service.start()
         try:
-            yield
+            async with dashboard():
+                yield
         finally:
             service.stop()
 
@@ -84,6 +88,7 @@ def create_app(cfg: ServiceConfig, public_url: str | None = None) -> FastAPI:
     for path in ("/openapi.json", f"{base}/openapi.json"):
         app.get(path, include_in_schema=False)(lambda: json_response(bundle()))
     add_operations(app, service, base, bundle)  # /health, /ready, /metrics, openapi.yaml: no token
+    dashboard = mount_service_dashboard(app, service, tokens, base)  # `/` and /dashboard/...
     app.state.site = Site(service)
     for module in (route_read, route_tree):
         app.include_router(module.router, prefix=base)

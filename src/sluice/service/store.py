@@ -140,6 +140,8 @@ class Tx:
         self.store = store
         self.s = session
         self.notified = 0
+        self.changed: list[tuple[str, str]] = []
+        """``(ldn, class)`` of every MOI this transaction created, changed or deleted, for :attr:`Store.listeners`."""
         self._subs: list[MOI] | None = None
 
     # ------------------------------------------------------------------ reads
@@ -165,6 +167,7 @@ class Tx:
                   vs_data=dict(vs_data or {}), internal=dict(internal or {}), version=1, created_at=t, updated_at=t)
         self.s.add(row)
         self.s.flush()
+        self.changed.append((ldn, cls))
         if cls == "NtfSubscriptionControl":
             self._subs = None
         else:
@@ -196,6 +199,7 @@ class Tx:
             row.internal = dict(internal)
         row.version = (row.version or 0) + 1
         row.updated_at = time.time()
+        self.changed.append((row.dn, row.object_class))
         if row.object_class == "NtfSubscriptionControl":
             self._subs = None
         elif changed_new and notify:
@@ -209,6 +213,7 @@ class Tx:
         attrs = dict(row.attributes)
         self.s.delete(row)
         self.s.flush()
+        self.changed.append((ldn, cls))
         if cls == "NtfSubscriptionControl":
             self._subs = None
             self.s.execute(sa.delete(Notification).where(Notification.subscription_dn == ldn,
@@ -247,6 +252,9 @@ class Store:
         self.lock = threading.RLock()
         self.committed = threading.Event()
         """Set after every commit that queued notifications (the outbox waits on it)."""
+        self.listeners: list[Callable[[list[tuple[str, str]]], None]] = []
+        """Called after every commit that changed MOIs with their ``(ldn, class)``, in the writer's thread (the
+        dashboard's live feed): a listener must return at once."""
 
     @contextmanager
     def write(self) -> Iterator[Tx]:
@@ -260,6 +268,9 @@ class Store:
                     yield tx
             if tx.notified:
                 self.committed.set()
+            if tx.changed:
+                for listener in self.listeners:
+                    listener(tx.changed)
 
     @contextmanager
     def read(self) -> Iterator[Session]:

@@ -1,0 +1,227 @@
+"""Simulating many clients a round: the HFL simulator one client at a time against the clients trained together.
+
+For every task (the default one, ``digits`` with the default MLP; ``mnist_cnn``, McMahan et al.'s CNN on the
+embedded MNIST images), number of clients N (every client in every round: ``train.participation = 1``), mode
+(``train.batched_clients`` false: one by one; true: together) and device (the CPU; a CUDA GPU when torch sees
+one), one process builds the simulator with Sluice's defaults otherwise, runs one warm-up round and then the
+timed rounds, and reports: seconds a round (mean of the timed rounds), the process's peak resident memory
+(``ru_maxrss``) and on a GPU its peak allocated device memory, the clients' state in memory (every array and
+tensor a client object holds: the model it holds, anchors and velocities, the compressor's residual), the
+bytes up and down of every round (``len()`` of every encoded message) and the test accuracy of every round.
+The two modes of a setting are then compared round by round: the same bytes, the same accuracy.
+
+    .venv/bin/python bench/simulation.py                                   # default: about 6 min on 2 cores
+    .venv/bin/python bench/simulation.py --clients 10,100 --tasks default  # a part
+    .venv/bin/python bench/simulation.py --rounds 5 --cnn-rounds 3         # more rounds
+
+``mnist_cnn`` runs at 10 and 100 clients unless ``--cnn-clients`` says otherwise (its clients' state is about
+20 MB each). Results go to ``bench/results/simulation.{md,json}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+RESULTS = Path(__file__).parent / "results"
+TASKS = {"default": {}, "mnist_cnn": {"task": {"name": "mnist_cnn"}}}
+MODES = {"one by one": False, "together": True}
+SHARED = ("learner", "cfg", "theta0", "uplink")
+"""Client attributes shared by all clients (or holding no per-client array), left out of the client state."""
+
+
+def state_bytes(obj: object, seen: set[int] | None = None) -> int:
+    """Bytes of the arrays and tensors ``obj`` holds (its attributes, walked through tuples, lists and dicts),
+    each counted once; the learner, the configuration and θ_0 (shared by all clients) are left out."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return 0
+    seen.add(id(obj))
+    if isinstance(obj, np.ndarray):
+        return int(obj.nbytes)
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, list | tuple):
+        return sum(state_bytes(v, seen) for v in obj)
+    if isinstance(obj, dict):
+        return sum(state_bytes(v, seen) for v in obj.values())
+    if hasattr(obj, "__dict__") and not isinstance(obj, type):
+        return sum(state_bytes(v, seen) for k, v in vars(obj).items() if k not in SHARED)
+    return 0
+
+
+def run_one(task: str, clients: int, mode: str, device: str, rounds: int) -> dict:
+    """One setting in this process (see the module docstring)."""
+    from sluice.hfl import HFLEngine
+    from sluice.hfl.config import HFLConfig
+
+    cfg = HFLConfig.model_validate({**TASKS[task], "data": {"num_clients": clients},
+                                    "train": {"participation": 1.0, "device": device,
+                                              "batched_clients": MODES[mode]}})
+    from sluice.hfl.batched import BatchedFit
+    from sluice.hfl.learner import Learner
+
+    training = _time_calls(Learner, "fit") + _time_calls(BatchedFit, "fit")
+    engine = HFLEngine(cfg)
+    t0 = time.perf_counter()
+    engine.start()
+    start = time.perf_counter() - t0
+    events = [engine.iterate()]
+    if device != "cpu":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    for t in training:
+        t[0] = 0.0
+    t0 = time.perf_counter()
+    events += [engine.iterate() for _ in range(rounds)]
+    seconds = (time.perf_counter() - t0) / rounds
+    out = {"task": task, "clients": clients, "mode": mode, "device": device, "rounds": rounds,
+           "start_seconds": start, "seconds_per_round": seconds,
+           "training_seconds_per_round": sum(t[0] for t in training) / rounds,
+           "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+           "client_state_bytes": sum(state_bytes(c) for c in engine.clients),
+           "d": engine.num_params, "samples": engine.num_samples,
+           "bytes_up": [e.bytes_up for e in events], "bytes_down": [e.bytes_down for e in events],
+           "accuracy": [e.metrics.get("test_accuracy") for e in events],
+           "train_loss": [e.metrics.get("train_loss") for e in events], "notes": engine.notes()}
+    if device != "cpu":
+        out["peak_device_bytes"] = torch.cuda.max_memory_allocated()
+    return out
+
+
+def _time_calls(cls: type, name: str) -> list[list[float]]:
+    """Wrap ``cls.name`` so that the seconds spent in it add up in the returned one-element list (in a list)."""
+    spent = [0.0]
+    real = getattr(cls, name)
+
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            spent[0] += time.perf_counter() - t0
+
+    setattr(cls, name, timed)
+    return [spent]
+
+
+def _child(setting: dict, timeout: float) -> dict:
+    """:func:`run_one` in a fresh process (its own peak memory); a failure is reported, not raised."""
+    cmd = [sys.executable, __file__, "--one", json.dumps(setting)]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return {**setting, "error": f"took more than {timeout:.0f} s"}
+    if done.returncode != 0:
+        return {**setting, "error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed"}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def compare(one: dict, together: dict) -> dict:
+    """The two modes of one setting side by side: speed-up and whether bytes and accuracy match round by round."""
+    if "error" in one or "error" in together:
+        return {}
+    rounds = len(one["bytes_up"])
+    same_bytes = sum(one["bytes_up"][i] == together["bytes_up"][i] and one["bytes_down"][i] ==
+                     together["bytes_down"][i] for i in range(rounds))
+    acc = [abs(a - b) for a, b in zip(one["accuracy"], together["accuracy"], strict=True)]
+    loss = [abs(a - b) / max(abs(a), 1e-12) for a, b in zip(one["train_loss"], together["train_loss"], strict=True)]
+    return {"speedup": one["seconds_per_round"] / together["seconds_per_round"],
+            "training_speedup": one["training_seconds_per_round"] / max(together["training_seconds_per_round"], 1e-9),
+            "rounds_compared": rounds,
+            "rounds_same_bytes": same_bytes, "max_accuracy_diff": max(acc), "max_train_loss_rel_diff": max(loss)}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tasks", default="default,mnist_cnn")
+    p.add_argument("--clients", default="10,100,1000", help="clients of the default task")
+    p.add_argument("--cnn-clients", default="10,100", help="clients of mnist_cnn")
+    p.add_argument("--rounds", type=int, default=2, help="timed rounds of the default task (after one warm-up)")
+    p.add_argument("--cnn-rounds", type=int, default=1, help="timed rounds of mnist_cnn (after one warm-up)")
+    p.add_argument("--devices", default="auto", help="cpu, cuda, or auto: the CPU and a CUDA GPU when there is one")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds one setting may take")
+    p.add_argument("--out", type=Path, default=RESULTS / "simulation")
+    p.add_argument("--one", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.one:
+        print(json.dumps(run_one(**json.loads(a.one))))
+        return {}
+    devices = ["cpu", "cuda"] if a.devices == "auto" and torch.cuda.is_available() else (
+        ["cpu"] if a.devices == "auto" else a.devices.split(","))
+    rows = []
+    for task in a.tasks.split(","):
+        counts = a.cnn_clients if task == "mnist_cnn" else a.clients
+        rounds = a.cnn_rounds if task == "mnist_cnn" else a.rounds
+        for device in devices:
+            for n in (int(c) for c in counts.split(",") if c):
+                runs = {m: _child({"task": task, "clients": n, "mode": m, "device": device, "rounds": rounds},
+                                  a.timeout) for m in MODES}
+                for m, r in runs.items():
+                    print(f"{task} {device} {n:>5} clients {m:>10}: "
+                          + (r.get("error") or f"{r['seconds_per_round']:.3f} s/round, "
+                             f"peak {r['peak_rss_bytes'] / 2**20:.0f} MiB"), flush=True)
+                rows.append({"task": task, "device": device, "clients": n, "runs": runs,
+                             **compare(runs["one by one"], runs["together"])})
+    res = {"command": "python bench/simulation.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+           "torch": torch.__version__, "machine": platform.platform(), "cpus": _cpus(), "rows": rows}
+    write(res, a.out)
+    return res
+
+
+def _cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _mib(b: float | None) -> str:
+    return "–" if b is None else f"{b / 2**20:,.0f}"
+
+
+def render(res: dict) -> str:
+    lines = ["# Simulating many clients a round: one by one against together", "",
+             f"Command: `{res['command'].strip()}`. torch {res['torch']}, {res['cpus']} CPUs ({res['machine']}); "
+             "the simulator runs torch with one thread. Every client trains in every round (participation 1); "
+             "seconds are the mean of the timed rounds after one warm-up round.", "",
+             "| task | device | clients | mode | s/round | speed-up | local training s/round | speed-up | "
+             "peak RSS (MiB) | peak GPU (MiB) | client state (MiB) | rounds with the same bytes | max accuracy diff |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row in res["rows"]:
+        for m, r in row["runs"].items():
+            if "error" in r:
+                lines.append(f"| {row['task']} | {row['device']} | {row['clients']} | {m} | {r['error']} "
+                             "| | | | | | | | |")
+                continue
+            mine = m == "together" and "speedup" in row
+            lines.append(
+                f"| {row['task']} | {row['device']} | {row['clients']:,} | {m} | {r['seconds_per_round']:.3f} | "
+                + (f"{row['speedup']:.2f}×" if mine else "") + f" | {r['training_seconds_per_round']:.3f} | "
+                + (f"{row['training_speedup']:.2f}×" if mine else "") + f" | {_mib(r['peak_rss_bytes'])} | "
+                f"{_mib(r.get('peak_device_bytes'))} | {_mib(r['client_state_bytes'])} | "
+                + (f"{row['rounds_same_bytes']}/{row['rounds_compared']}" if mine else "") + " | "
+                + (f"{row['max_accuracy_diff']:.4g}" if mine else "") + " |")
+    lines += ["", "Local training: the seconds spent in `Learner.fit` (one by one) or `BatchedFit.fit` (together) "
+              "in a round; the rest of a round (each client's downlink message, sync and upload encoding, the "
+              "server's decoding and step, the evaluation) is the same work in both modes. Rounds compared include "
+              "the warm-up round. Client state: the arrays and tensors the client objects hold (each client's model, "
+              "compressor residual...), not θ_0 or the learner they share."]
+    return "\n".join(lines) + "\n"
+
+
+def write(res: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(res, indent=1) + "\n")
+    out.with_suffix(".md").write_text(render(res))
+
+
+if __name__ == "__main__":
+    main()
