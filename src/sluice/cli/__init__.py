@@ -21,14 +21,16 @@ from sluice.tensorboard import configure as configure_log_to
 
 from . import certs as _certs
 from . import consumer as _consumer
-from . import control as _control
 from . import dashboard as _dashboard
+from . import data as _data
+from . import local as _local
+from . import report as _report
 from . import run as _run
 from . import serve as _serve
 from . import split as _split
 from . import tokens as _tokens
 
-_COMMANDS = [_run, _split, _control, _certs, _serve, _tokens, _consumer, _dashboard]
+_COMMANDS = [_run, _split, _local, _data, _report, _certs, _serve, _tokens, _consumer, _dashboard]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,7 +1,5 @@
-"""Control-plane commands: ``sluice local`` (centralised training under termination parameters),
-``sluice data add`` (check more training data against a run and queue it), ``sluice data describe``
-(statistics and plots of a generated scenario) and ``sluice report`` (show a report).
-"""
+"""``sluice data add`` (check more training data against a run and queue it) and ``sluice data describe``
+(statistics and plots of a generated scenario)."""
 
 from __future__ import annotations
 
@@ -12,21 +10,7 @@ from typing import Any
 
 from rich.console import Console
 
-from sluice.cli.common import add_config_arguments
 from sluice.errors import DataError
-from sluice.training import client_table, report_table, train_local
-
-# ------------------------------------------------------------------------------------------- sluice local
-
-
-def _local(args: argparse.Namespace) -> int:
-    from sluice.jobs import load_job
-
-    return train_local(load_job("local", args.config, args.overrides), args.out, Console())
-
-
-# ------------------------------------------------------------------------------------------- data / report
-
 
 _ENDED = ("FINISHED", "FAILED", "CANCELLED")
 
@@ -121,38 +105,7 @@ def _data_describe(args: argparse.Namespace) -> int:
     return 0
 
 
-def _report(args: argparse.Namespace) -> int:
-    from sluice.control import TrainingReport, threegpp
-
-    path = Path(args.run_dir) / "report.json"
-    if not Path(args.run_dir).is_dir():
-        raise DataError(f"run directory not found: {args.run_dir}")
-    if not path.is_file():
-        raise DataError(f"no report.json in {args.run_dir} (the run has not finished)")
-    try:
-        report = TrainingReport.model_validate_json(path.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise DataError(f"{path} is not a training report: {exc}") from exc
-    if args.json or args.three_gpp:
-        print(json.dumps(threegpp.training_report(report) if args.three_gpp else report.to_json(), indent=2))
-    else:
-        console = Console()
-        console.print(report_table(report, f"Training report — {args.run_dir}"))
-        clients = client_table(report)
-        if clients is not None:
-            console.print(clients)
-    return 0
-
-
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "local", help="centralised training under requirements and termination parameters",
-        description="Train an MLP on one embedded dataset in one place, stopping when [termination] or "
-        "[requirements] say so; writes config.toml, metrics.jsonl, status.json, report.json and model.pt.",
-    )
-    add_config_arguments(p, out_default="runs/local-<timestamp>", example="termination.performance.accuracy=0.95")
-    p.set_defaults(func=_local)
-
     d = sub.add_parser("data", help="hand more training data to a run; describe a generated scenario")
     dsub = d.add_subparsers(dest="data_command", required=True, metavar="ACTION")
     a = dsub.add_parser(
@@ -179,10 +132,3 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
     s.add_argument("--out", help="directory for the plots (default: runs/data-<dataset>-<timestamp>)")
     s.set_defaults(func=_data_describe)
-
-    r = sub.add_parser("report", help="show the training report of a run (and its clients, for federated training)")
-    r.add_argument("run_dir")
-    r.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    r.add_argument("--3gpp", dest="three_gpp", action="store_true",
-                   help="print the report as a TS 28.105 MLTrainingReport (JSON)")
-    r.set_defaults(func=_report)
