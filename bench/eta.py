@@ -1,18 +1,24 @@
-"""How good are the remaining-iteration estimates? Runs that reach their target, scored at 25, 50 and 75 %.
+"""How good are the remaining-iteration estimates? Real runs of many job families, each family held out in turn.
 
-Every run is a real ``sluice`` job with a performance target (HFL on several federations and compression
-settings, local training, split training); it stops when the target fires at iteration N. The estimator
-(:class:`sluice.control.Estimator`, fed the run's ``metrics.jsonl`` as the run fed it) is asked after
-``k = round(f·N)`` iterations for ``f`` = 25, 50 and 75 %; the truth is ``N − k``. Per fraction: the median
-absolute relative error of the estimate, the share within ±25 %, and the share of 80 % intervals that
-cover the truth (an estimate that is missing counts as wrong and uncovered).
+The runs (``bench/eta_traces.py``: 12 families of HFL built-ins, a user task, local and split training and
+the generated scenarios' models, 10 seeds each, every run to a fixed budget) are cached in
+``bench/results/eta_traces.json.gz``. Each family gets two targets, the metric level held for ``patience``
+evaluations that the median seed reaches at 40 % and at 70 % of the budget; a run with a target stops at
+the first iteration ``N`` where it fires, and one that never fires within the budget is censored there.
 
-The runs are split by seed: even seeds tune :class:`sluice.control.eta.EtaSettings` (``--tune`` tries a
-grid and prints the best), odd seeds are held out and scored with the settings the estimator ships with.
+The estimator is fed a run's values as the run fed it. Its calibration (:mod:`sluice.control.eta_calibration`)
+is fitted on every other family's runs and scored on the family held out (leave one family out): at
+``k`` = 25, 50 and 75 % of the way to ``N`` (the last evaluation at or before ``f·N``; the truth is ``N − k``)
+and at every evaluation before ``N``. Scored: median absolute relative error (no point estimate counts as
+infinite error), coverage of the 80 % intervals (an interval open above, "more than L", covers when
+``L ≤`` truth; an answer without any interval counts as uncovered), the same for the seconds, and the
+reliability of the probability of meeting the target within the rest of the budget (every evaluation of
+every run, censored ones included). Without history and with it (the other seeds of the same job and target
+as past runs of the same shape). Side by side: the rules of ``bench/eta_baselines.py``.
 
-    .venv/bin/python bench/eta.py --collect     # run the jobs (about 10 minutes on 2 cores), then score
-    .venv/bin/python bench/eta.py               # score the collected runs (bench/results/eta_runs.json)
-    .venv/bin/python bench/eta.py --tune        # grid over the settings on the tuning runs
+    .venv/bin/python bench/eta.py                  # score the cached traces
+    .venv/bin/python bench/eta.py --regenerate     # run the jobs first (bench/eta_traces.py)
+    .venv/bin/python bench/eta.py --ship           # also write the calibration fitted on every run
 
 Writes ``bench/results/eta.md`` and ``eta.json``.
 """
@@ -20,165 +26,321 @@ Writes ``bench/results/eta.md`` and ``eta.json``.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
+import pprint
 import statistics
-import subprocess
 import sys
-import tempfile
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, replace
+import time
+from dataclasses import replace
 from pathlib import Path
 
-from sluice.control.eta import Estimator, EtaSettings
+import numpy as np
+
+import eta_baselines as base
+import eta_traces
+from sluice.control.eta import INTERVAL, Estimator, answer
+from sluice.control.eta_calibration import Calibration, fit, past_signal
 
 RESULTS = Path(__file__).parent / "results"
-RUNS_FILE = RESULTS / "eta_runs.json"
+DATA_MODULE = Path(__file__).parent.parent / "src" / "sluice" / "control" / "eta_calibration_data.py"
 FRACTIONS = (0.25, 0.5, 0.75)
-SEEDS = range(8)
-
-ACC = "test_accuracy"
-FAMILIES = {
-    # name: (command, overrides, metric, threshold, patience)
-    "hfl digits, sampled uploads (default)": (["run"], [], ACC, 0.95, 2),
-    "hfl digits, dense": (["run"], ["compression.up=dense", "compression.down=dense"], ACC, 0.95, 2),
-    "hfl digits, top-k uploads, lr 0.02": (["run"], ["compression.up=topk", "train.lr=0.02"], ACC, 0.93, 2),
-    "hfl digits, 50 clients, q 0.2": (["run"], ["data.num_clients=50", "train.participation=0.2"], ACC, 0.93, 2),
-    "local digits": (["local"], ["train.lr=0.01"], ACC, 0.95, 1),
-    "split breast cancer": (["split", "run", "examples/split_breast_cancer.toml"],
-                            ["transport.kind=inproc", "train.epochs=200", "train.lr=0.002"], ACC, 0.95, 1),
-}
+TARGET_AT = (0.4, 0.7)
+BINS = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0)
+ENSEMBLE_EVERY = 4
+"""The learning-curve ensemble (slow: four nonlinear fits) is scored at 25/50/75 % and every 4th evaluation."""
 
 
-def _job(family: str, seed: int, out: Path) -> dict | None:
-    """Run one job to its target; its metric curve and stop, or None when the budget ended it first."""
-    cmd, sets, metric, threshold, patience = FAMILIES[family]
-    key = metric.removeprefix("test_")
-    overrides = [*sets, f"seed={seed}", "termination.iterations=400", "train.rounds=400",
-                 f"termination.performance.{key}.threshold={threshold}",
-                 f"termination.performance.{key}.patience={patience}"]
-    if cmd == ["local"]:
-        overrides = [o for o in overrides if not o.startswith("train.rounds")] + ["train.iterations=400"]
-    if cmd[0] == "split":
-        overrides = [o for o in overrides if not o.startswith(("train.rounds", "termination.iterations"))]
-    argv = [sys.executable, "-m", "sluice", *cmd, "--out", str(out)]
-    for o in overrides:
-        argv += ["--set", o]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
-    report = out / "report.json"
-    if not report.exists():
-        print(f"{family} seed {seed}: no report (exit {proc.returncode}): {proc.stderr[-300:]}", file=sys.stderr)
-        return None
-    rep = json.loads(report.read_text())
-    if rep.get("cause") != "CRITERION_MET":
-        return None
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    curve = [[i + 1, r[metric]] for i, r in enumerate(rows) if r.get(metric) is not None]
-    return {"family": family, "seed": seed, "metric": metric, "threshold": threshold, "patience": patience,
-            "stop": len(rows), "curve": curve}
+def patience_of(family: str) -> int:
+    return 2 if family.startswith("hfl") else 1
 
 
-def collect(jobs: int) -> list[dict]:
-    """Run every family's seeds (``jobs`` at a time); keep the runs that met their target."""
-    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(jobs) as pool:
-        todo = [(f, s, Path(tmp) / f"{i}") for i, (f, s) in enumerate(itertools.product(FAMILIES, SEEDS))]
-        runs = [r for r in pool.map(lambda t: _job(*t), todo) if r is not None]
-    RUNS_FILE.parent.mkdir(parents=True, exist_ok=True)
-    RUNS_FILE.write_text(json.dumps(runs), encoding="utf-8")
-    return runs
+def _held(trace: dict) -> np.ndarray:
+    """At each evaluation, the level the metric has held for ``patience`` evaluations (higher is better)."""
+    sgn = 1.0 if trace["mode"] == "max" else -1.0
+    z = sgn * np.array([y for _, y in trace["curve"]])
+    p = patience_of(trace["family"])
+    return np.array([z[max(0, i - p + 1): i + 1].min() if i + 1 >= p else -np.inf for i in range(z.size)])
 
 
-def estimate_at(run: dict, k: int, settings: EtaSettings) -> tuple[float | None, float | None, float | None]:
-    """The estimate of the remaining iterations after ``k`` iterations: (median, low, high)."""
-    est = Estimator(metric=run["metric"], target=run["threshold"], mode="max", patience=run["patience"],
-                    bounds=(0.0, 1.0), settings=settings)
-    for n, y in run["curve"]:
-        if n > k:
-            break
-        est.add(n, {run["metric"]: y}, 0.1)
-    e = est.estimate(k, 0.1 * k)
-    high = e.remaining_high if e.remaining_high is not None else (math.inf if e.remaining_low is not None else None)
-    return e.remaining_iterations, e.remaining_low, high
-
-
-def score(runs: list[dict], settings: EtaSettings) -> dict:
-    """Per fraction: median |relative error|, share within ±25 %, interval coverage, runs without estimate."""
-    out = {}
-    for f in FRACTIONS:
-        errs, within, covered, missing = [], [], [], 0
-        for run in runs:
-            k = max(1, round(f * run["stop"]))
-            truth = run["stop"] - k
-            if truth <= 0:
-                continue
-            mid, lo, hi = estimate_at(run, k, settings)
-            err = math.inf if mid is None else abs(mid - truth) / truth
-            missing += mid is None
-            errs.append(err)
-            within.append(err <= 0.25)
-            covered.append(mid is not None and lo is not None and lo <= truth <= (math.inf if hi is None else hi))
-        out[f"{f:.0%}"] = {"runs": len(errs), "median_abs_rel_error": statistics.median(errs),
-                           "within_25": sum(within) / len(within), "coverage_80": sum(covered) / len(covered),
-                           "no_estimate": missing}
+def runs_with_targets(traces: list[dict]) -> list[dict]:
+    """Each trace with each of its family's targets: threshold, stop ``N`` (None: censored at the budget)."""
+    fams: dict[str, list[dict]] = {}
+    for t in traces:
+        fams.setdefault(t["family"], []).append(t)
+    out = []
+    for fam, ts in fams.items():
+        sgn = 1.0 if ts[0]["mode"] == "max" else -1.0
+        for j, q in enumerate(TARGET_AT):
+            levels = []
+            for t in ts:
+                ns, held = np.array([n for n, _ in t["curve"]]), _held(t)
+                levels.append(float(np.max(held[ns <= q * t["iterations"]], initial=-np.inf)))
+            thr = math.floor(float(np.median(levels)) * 1e4) / 1e4  # rounded the easy way: the median seed meets it
+            for t in ts:
+                ns, held = np.array([n for n, _ in t["curve"]]), _held(t)
+                hit = np.flatnonzero(held >= thr)
+                stop = int(ns[hit[0]]) if hit.size else None
+                out.append({**t, "target": sgn * thr, "target_id": f"{fam} #{j + 1}", "stop": stop,
+                            "patience": patience_of(fam)})
     return out
 
 
-def tune(runs: list[dict]) -> EtaSettings:
-    """The settings of a small grid that do best on ``runs``: the error at 50 and 75 %, with the coverage of
-    the 80 % intervals kept near 80 %."""
-    best, best_loss = EtaSettings(), math.inf
-    for window, noise, horizon in itertools.product((0.2, 0.33, 0.5), (0.7, 1.0, 1.3), (4.0, 8.0)):
-        s = replace(EtaSettings(), noise_window=window, noise_scale=noise, horizon_factor=horizon)
-        sc = score(runs, s)
-        loss = sc["50%"]["median_abs_rel_error"] + sc["75%"]["median_abs_rel_error"] + sum(
-            max(0.0, abs(v["coverage_80"] - 0.8) - 0.1) for v in sc.values())
-        print(f"noise window {window}, scale {noise}, horizon {horizon}: loss {loss:.3f}", flush=True)
-        if loss < best_loss:
-            best, best_loss = s, loss
-    return best
+def points_of(run: dict) -> list[dict]:
+    """Every evaluation before the stop (or in the budget): the estimator's signals and the rules' answers."""
+    est = Estimator(metric="m", target=run["target"], mode=run["mode"], patience=run["patience"],
+                    bounds=(0.0, 1.0) if run["mode"] == "max" else (0.0, None))
+    sgn = 1.0 if run["mode"] == "max" else -1.0
+    secs = run["seconds"]
+    end = run["stop"] or run["iterations"] + 1
+    ns, ys, out, done = [], [], [], 0
+    picked = set() if not run["stop"] else {max([n for n, _ in run["curve"] if n <= f * run["stop"]], default=0)
+                                            for f in FRACTIONS}
+    for j, (n, y) in enumerate(run["curve"]):
+        if n >= end:
+            break
+        for i in range(done, n):
+            est.add(i + 1, {"m": y} if i + 1 == n else {}, secs[i])
+        done = n
+        ns.append(n)
+        ys.append(y)
+        sig, _, horizon = est.signals(n)
+        a, b = np.array(ns, float), np.array(ys)
+        out.append({"n": n, "sig": sig, "horizon": horizon, "spi": est.spi,
+                    "linear": base.linear(a, b, run["target"], sgn, n),
+                    "ensemble": base.ensemble(a, b, run["target"], sgn, n)
+                    if run["stop"] and (n in picked or j % ENSEMBLE_EVERY == 0) else None})
+    return out
+
+
+def estimate_cost(runs: list[dict]) -> float:
+    """Mean seconds of one :meth:`Estimator.estimate` per evaluation, replaying the runs as a run asks it."""
+    calls, total = 0, 0.0
+    for run in runs:
+        est = Estimator(metric="m", target=run["target"], mode=run["mode"], patience=run["patience"],
+                        bounds=(0.0, 1.0) if run["mode"] == "max" else (0.0, None))
+        for n, y in run["curve"]:
+            est.add(n, {"m": y}, run["seconds"][n - 1])
+            t0 = time.perf_counter()
+            est.estimate(n, 0.0)
+            total += time.perf_counter() - t0
+            calls += 1
+    return total / max(calls, 1)
+
+
+def _err(est: float | None, truth: float) -> float:
+    return math.inf if est is None or not math.isfinite(est) else abs(est - truth) / truth
+
+
+def score_point(cal: Calibration, run: dict, pt: dict, past: list[int] | None) -> dict:
+    """One scored estimate: Sluice's answer and the rules' errors at this point of a run that met its target."""
+    n, truth = pt["n"], run["stop"] - pt["n"]
+    sig = pt["sig"] if past is None else replace(pt["sig"], past=past_signal(past, n))
+    ans = answer(cal, sig, n, pt["horizon"])
+    covered = ans.low <= truth and (ans.high is None or truth <= ans.high)
+    secs = sum(run["seconds"][n:run["stop"]])
+    s_lo, s_hi = ans.low * pt["spi"], None if ans.high is None else ans.high * pt["spi"]
+    return {"sluice": _err(ans.mid, truth), "covered": covered, "missing": ans.mid is None,
+            "s_covered": s_lo <= secs and (s_hi is None or secs <= s_hi),
+            "raw": _err(n * math.exp(pt["sig"].curve) if pt["sig"].reach > 0.5 else None, truth),
+            "again": _err(base.as_many_again(n), truth), "linear": _err(pt["linear"], truth),
+            "ensemble": None if pt["ensemble"] is None else _err(pt["ensemble"], truth),
+            "oracle": _err(base.oracle(past or [], n), truth)}
+
+
+def _pick(points: list[dict], stop: int, f: float) -> dict | None:
+    ok = [p for p in points if p["n"] <= f * stop]
+    return ok[-1] if ok else None
+
+
+def _summary(rows: list[dict]) -> dict:
+    if not rows:
+        return {"points": 0}
+    med = {k: statistics.median(r[k] for r in rows if r[k] is not None)
+           for k in ("sluice", "raw", "again", "linear", "ensemble", "oracle")}
+    return {"points": len(rows), "median_error": med,
+            "coverage": sum(r["covered"] for r in rows) / len(rows),
+            "seconds_coverage": sum(r["s_covered"] for r in rows) / len(rows),
+            "no_point": sum(r["missing"] for r in rows)}
+
+
+def _others(runs: list[dict], run: dict) -> list[int]:
+    return [r["stop"] for r in runs if r["target_id"] == run["target_id"] and r["seed"] != run["seed"] and r["stop"]]
+
+
+def calibration_points(runs: list[dict], pts: dict[int, list[dict]], history: bool) -> tuple[list, list]:
+    """``(signals, remaining, done)`` at every evaluation of the runs that met their target, and of those
+    that did not (remaining: what was left of the budget, a lower bound)."""
+    met, later = [], []
+    for i, run in enumerate(runs):
+        past = _others(runs, run) if history else None
+        for p in pts[i]:
+            sig = p["sig"] if past is None else replace(p["sig"], past=past_signal(past, p["n"]))
+            if run["stop"]:
+                met.append((sig, run["stop"] - p["n"], p["n"]))
+            else:
+                later.append((sig, run["iterations"] + 1 - p["n"], p["n"]))
+    return met, later
+
+
+def calibrate(runs: list[dict], pts: dict[int, list[dict]]) -> Calibration:
+    """Both regressions: without history on every point, with history on those whose history has enough runs."""
+    plain = fit(*calibration_points(runs, pts, False))
+    met, later = calibration_points(runs, pts, True)
+    met, later = [p for p in met if p[0].past is not None], [p for p in later if p[0].past is not None]
+    if not met:
+        return plain
+    with_past = fit(met, later)
+    return replace(plain, past_coef=with_past.past_coef, past_residuals=with_past.past_residuals,
+                   past_counts=with_past.past_counts)
+
+
+HORIZONS = {"the estimate's horizon": lambda n, horizon, rest: horizon, "n more": lambda n, horizon, rest: n,
+            "2n more": lambda n, horizon, rest: 2 * n, "rest of the budget": lambda n, horizon, rest: rest}
+"""The horizons ``h`` at which the probability of meeting the target within ``h`` is scored."""
+
+
+def reliability(cal: Calibration, runs: list[dict], pts: dict[int, list[dict]], idx: list[int]) -> dict[str, list]:
+    """Per horizon: (predicted probability of meeting the target within it, met) at every point where the
+    outcome is known (the run met its target, or its budget reached past the horizon)."""
+    out: dict[str, list] = {k: [] for k in HORIZONS}
+    for i in idx:
+        run = runs[i]
+        for p in pts[i]:
+            rest = run["iterations"] - p["n"]
+            for name, fn in HORIZONS.items():
+                h = fn(p["n"], p["horizon"], rest)
+                if h >= 1 and (run["stop"] or h <= rest):
+                    met = run["stop"] is not None and run["stop"] - p["n"] <= h
+                    out[name].append((cal.probability_within(p["sig"], p["n"], h), met))
+    return out
+
+
+def evaluate(runs: list[dict], pts: dict[int, list[dict]]) -> dict:
+    """Leave one family out: calibrate on the others, score the one held out."""
+    fams = sorted({r["family"] for r in runs})
+    scored: dict[str, list[dict]] = {}
+    rel: dict[str, list] = {k: [] for k in HORIZONS}
+    for fam in fams:
+        train = [i for i, r in enumerate(runs) if r["family"] != fam]
+        test = [i for i, r in enumerate(runs) if r["family"] == fam]
+        cal = calibrate([runs[i] for i in train], {j: pts[i] for j, i in enumerate(train)})
+        for k, v in reliability(cal, runs, pts, test).items():
+            rel[k] += v
+        for i in test:
+            run = runs[i]
+            if not run["stop"]:
+                continue
+            for hist in (False, True):
+                past = _others(runs, run) if hist else None
+                tag = "history" if hist else "no history"
+                for f in FRACTIONS:
+                    p = _pick(pts[i], run["stop"], f)
+                    if p is not None:
+                        scored.setdefault(f"{tag} {f:.0%}", []).append(score_point(cal, run, p, past))
+                scored.setdefault(f"{tag} all", []).extend(score_point(cal, run, p, past) for p in pts[i])
+    return {"scores": {k: _summary(v) for k, v in scored.items()},
+            "reliability": {k: _reliability_table(v) for k, v in rel.items()}}
+
+
+def _reliability_table(rel: list[tuple]) -> dict:
+    p = np.array([r[0] for r in rel])
+    y = np.array([r[1] for r in rel], float)
+    rows = []
+    for lo, hi in zip(BINS[:-1], BINS[1:], strict=True):
+        m = (p > lo) & (p <= hi) if lo > 0 else p <= hi
+        rows.append({"bin": f"{lo:.1f}–{hi:.1f}", "points": int(m.sum()),
+                     "mean_predicted": float(p[m].mean()) if m.any() else None,
+                     "observed": float(y[m].mean()) if m.any() else None})
+    return {"points": len(rel), "bins": rows, "brier": float(np.mean((p - y) ** 2)),
+            "brier_constant": float(np.mean((y.mean() - y) ** 2)), "min_probability": float(p.min()),
+            "met_at_or_below_0.01": int(((p <= 0.01) & (y > 0)).sum()),
+            "met_share_at_or_below_0.1": float(y[p <= 0.1].mean()) if (p <= 0.1).any() else None}
+
+
+def ship(cal: Calibration, points: int, runs: int, families: int) -> None:
+    """Write :mod:`sluice.control.eta_calibration_data` with ``cal``."""
+    fields = "".join(f"    {k}=" + pprint.pformat(getattr(cal, k), width=100, compact=True).replace("\n", "\n    ")
+                     + ",\n" for k in ("curve_coef", "past_coef", "curve_residuals", "past_residuals",
+                                       "curve_counts", "past_counts"))
+    DATA_MODULE.write_text(
+        '"""The calibration :class:`sluice.control.eta.Estimator` ships with, written by ``bench/eta.py --ship``:\n'
+        f'fitted on {points} estimates of {runs} runs that met their target, in {families} job families."""\n\n'
+        "from sluice.control.eta_calibration import Calibration\n\nDEFAULT = Calibration(\n" + fields + ")\n",
+        encoding="utf-8")
+
+NAMES = {"sluice": "Sluice", "raw": "power-law futures (before)", "again": "as many again",
+         "linear": "linear extrapolation", "ensemble": "LC ensemble (Domhan)", "oracle": "cross-seed oracle"}
+
+
+def _pct(v: float) -> str:
+    return f"{v:.0%}" if math.isfinite(v) else "—"
 
 
 def write(results: dict, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(results, indent=1), encoding="utf-8")
-    lines = ["# Remaining-iteration estimates on runs that reach their target", "",
-             f"Command: `{results['command']}`. Runs: {results['runs']} that met their target "
-             f"({results['tuning_runs']} with even seeds for tuning, {results['held_out_runs']} with odd seeds held "
-             f"out); settings {results['settings']}.", "",
-             "| set | at | runs | median abs. relative error | within ±25 % | 80 % interval covers | no estimate |",
-             "|---|---|---|---|---|---|---|"]
-    for name in ("held_out", "tuning"):
-        for f, v in results[name].items():
-            err = v["median_abs_rel_error"]
-            shown = f"{err:.1%}" if math.isfinite(err) else "— (most have no estimate)"
-            lines.append(f"| {name.replace('_', ' ')} | {f} | {v['runs']} | {shown} | {v['within_25']:.0%} | "
-                         f"{v['coverage_80']:.0%} | {v['no_estimate']} |")
-    lines += ["", "| family | runs | stop (iterations) |", "|---|---|---|"]
-    for fam, stops in results["families"].items():
-        lines.append(f"| {fam} | {len(stops)} | {', '.join(map(str, stops))} |")
+    lines = ["# Remaining-iteration estimates, each job family held out in turn", "",
+             f"Command: `{results['command']}`. {results['traces']} runs in {results['families']} families, "
+             f"{results['runs']} run–target pairs ({results['met']} met their target within the budget); "
+             f"{results['points']} estimates; scoring took {results['seconds']:.0f} s. One estimate, as a run asks "
+             f"for it after every evaluation: {results['estimate_ms']:.3f} ms on average.", "",
+             "Median absolute relative error of the remaining iterations (no point estimate: infinite), and "
+             "Sluice's 80 % interval coverage (iterations, seconds):", "",
+             "| history | at | points | " + " | ".join(NAMES.values()) + " | covers | covers (s) | no point |",
+             "|---|---|---|" + "---|" * (len(NAMES) + 3)]
+    for key, v in results["scores"].items():
+        tag, at = key.rsplit(" ", 1)
+        cells = " | ".join(_pct(v["median_error"][k]) for k in NAMES)
+        lines.append(f"| {tag} | {at} | {v['points']} | {cells} | {v['coverage']:.0%} | "
+                     f"{v['seconds_coverage']:.0%} | {v['no_point']} |")
+    rels = results["reliability"]
+    lines += ["", "Probability of meeting the target within a horizon `h`, at every evaluation of every run where "
+              "the outcome is known (censored runs included where their budget reaches past `h`): mean predicted / "
+              "share met (estimates) per bin of the prediction.", "",
+              "| probability | " + " | ".join(rels) + " |", "|---|" + "---|" * len(rels)]
+    for j, b in enumerate(BINS[1:]):
+        cells = []
+        for rel in rels.values():
+            row = rel["bins"][j]
+            cells.append("—" if row["mean_predicted"] is None else
+                         f"{row['mean_predicted']:.2f} / {row['observed']:.2f} ({row['points']})")
+        lines.append(f"| {BINS[j]:.1f}–{b:.1f} | " + " | ".join(cells) + " |")
+    lines.append("| Brier (constant predictor) | " + " | ".join(
+        f"{r['brier']:.3f} ({r['brier_constant']:.3f})" for r in rels.values()) + " |")
+    lines.append("| smallest probability given; met at ≤ 0.01 | " + " | ".join(
+        f"{r['min_probability']:.3f}; {r['met_at_or_below_0.01']}" for r in rels.values()) + " |")
+    lines += ["", "| target | threshold | stops (censored: —) |", "|---|---|---|"]
+    for tid, (thr, stops) in results["targets"].items():
+        lines.append(f"| {tid} | {thr:g} | {', '.join('—' if s is None else str(s) for s in stops)} |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--collect", action="store_true", help="run the jobs first (else: reuse eta_runs.json)")
-    ap.add_argument("--tune", action="store_true", help="grid over the settings on the tuning runs")
+    ap.add_argument("--regenerate", action="store_true", help="run the jobs first (bench/eta_traces.py)")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--ship", action="store_true", help="write the calibration fitted on every run")
     ap.add_argument("--out", type=Path, default=RESULTS / "eta")
     args = ap.parse_args(argv)
-    runs = collect(args.jobs) if args.collect else json.loads(RUNS_FILE.read_text())
-    tuning = [r for r in runs if r["seed"] % 2 == 0]
-    held = [r for r in runs if r["seed"] % 2 == 1]
-    settings = tune(tuning) if args.tune else EtaSettings()
-    families: dict[str, list[int]] = {}
+    traces = eta_traces.generate(args.jobs) if args.regenerate else eta_traces.load()
+    t0 = time.perf_counter()
+    runs = runs_with_targets(traces)
+    pts = {i: points_of(r) for i, r in enumerate(runs)}
+    results = evaluate(runs, pts)
+    results["estimate_ms"] = 1e3 * estimate_cost(runs)
+    if args.ship:
+        cal = calibrate(runs, pts)
+        ship(cal, sum(len(pts[i]) for i, r in enumerate(runs) if r["stop"]), sum(bool(r["stop"]) for r in runs),
+             len({r["family"] for r in runs}))
+    targets: dict[str, tuple[float, list]] = {}
     for r in runs:
-        families.setdefault(r["family"], []).append(r["stop"])
-    write({"command": "python bench/eta.py" + (" --collect" if args.collect else "") + (" --tune" if args.tune else ""),
-           "runs": len(runs), "tuning_runs": len(tuning), "held_out_runs": len(held),
-           "settings": asdict(settings), "held_out": score(held, settings), "tuning": score(tuning, settings),
-           "families": families}, args.out)
+        targets.setdefault(r["target_id"], (abs(r["target"]), []))[1].append(r["stop"])
+    write({"command": "python bench/eta.py" + " --regenerate" * args.regenerate + " --ship" * args.ship,
+           "traces": len(traces), "families": len({t["family"] for t in traces}), "runs": len(runs),
+           "met": sum(bool(r["stop"]) for r in runs), "points": sum(len(v) for v in pts.values()),
+           "interval": INTERVAL, "seconds": time.perf_counter() - t0, **results, "targets": targets}, args.out)
     return 0
 
 

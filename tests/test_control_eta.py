@@ -63,8 +63,9 @@ def _noisy_path(rng: np.random.Generator, length: int = 400) -> tuple[np.ndarray
 
 
 def test_intervals_cover_the_first_passage_of_noisy_curves() -> None:
-    """Halfway to the first passage (patience 2) of noisy curves, the 80 % intervals cover the truth about
-    80 % of the time and the median error is small."""
+    """Halfway to the first passage (patience 2) of noisy power-law curves, the 80 % intervals cover the truth
+    about 80 % of the time and the median error is below one half. (The estimate is calibrated on real runs,
+    whose curves follow a power law less closely than these: ``bench/eta.py``.)"""
     rng = np.random.default_rng(3)
     covered, errors = [], []
     while len(errors) < 40:
@@ -84,28 +85,30 @@ def test_intervals_cover_the_first_passage_of_noisy_curves() -> None:
         covered.append(low <= truth <= high)
         errors.append(abs((e.remaining_iterations or math.inf) - truth) / truth)
     assert 0.6 <= np.mean(covered) <= 0.97, np.mean(covered)
-    assert np.median(errors) < 0.35, np.median(errors)
+    assert np.median(errors) < 0.5, np.median(errors)
 
 
-def test_no_estimate_but_a_probability_when_target_beyond_asymptote() -> None:
+def test_beyond_the_asymptote_an_open_interval_and_a_probability_never_0() -> None:
     est = Estimator(metric="test_accuracy", target=0.99, mode="max")
     for n in range(1, 30):
         est.add(n, {"test_accuracy": 0.9 - 0.5 * n**-0.8}, 0.1)
     e = est.estimate(29, 2.9)
     assert e.remaining_iterations is None and e.remaining_s is None and e.progress_percent is None
-    assert "not expected within" in e.note and "probability 0%" in e.note and "0.9" in e.note
-    assert e.reach_probability == 0.0
+    assert e.remaining_high is None and e.remaining_low is not None and e.remaining_low >= 1
+    assert "not expected within" in e.note and f"more than {e.remaining_low}" in e.note and "0.9" in e.note
+    assert 0 < e.reach_probability < 0.5 and "probability 0%" not in e.note
 
 
-def test_no_estimate_when_too_few_points_or_wrong_direction() -> None:
+def test_an_interval_from_the_first_value_and_for_a_curve_going_the_wrong_way() -> None:
     est = Estimator(metric="train_loss", target=0.1, mode="min")
     est.add(1, {"train_loss": 1.0}, 0.1)
     e = est.estimate(1, 0.1)
-    assert e.remaining_iterations is None and "needs 4" in e.note
+    assert e.remaining_low is not None and 0 < e.reach_probability < 1, e.note
     for n in range(2, 10):
         est.add(n, {"train_loss": 1.0 + 0.1 * math.log(n)}, 0.1)
     e = est.estimate(9, 0.9)
-    assert e.remaining_iterations is None and "not expected" in e.note and e.reach_probability == 0.0
+    assert e.remaining_low is not None and 0 < e.reach_probability < 1, e.note
+    assert e.remaining_iterations is None or e.remaining_iterations > 9
 
 
 def test_budget_only_progress() -> None:

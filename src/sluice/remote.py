@@ -17,6 +17,10 @@ over one :class:`multiprocessing.connection.Connection`:
   requirements, from the next iteration) and ``data`` (training data, checked by the engine's
   ``check_data`` before it is queued; the ``ack`` carries the refusal).
 
+A spec's ``history`` (the service's past runs of the job's shape ``history_shape``, as
+:class:`~sluice.control.history.RunRecord` JSON) becomes the history of the process's remaining-iteration
+estimate: the iterations of those runs that met a target at least as strict as the process's.
+
 A process whose server goes away (the connection closes: the service stopped or was killed) cancels its
 training and exits. An engine whose training runs elsewhere (a chain: its producers' requests) is first told
 to ``detach``: it leaves that training running, for the restarted service to follow to its end.
@@ -107,6 +111,14 @@ def _build(spec: dict[str, Any], send: _Sender, engine: Any = None) -> tuple[Any
     proc = TrainingProcess(engine, termination, job.requirements, job.model, on_event=on_event, on_state=on_state,
                            save_path=work / "model.pt", sampler=ResourceSampler(), checkpoint_every=every,
                            on_checkpoint=on_checkpoint)
+    if spec.get("history"):
+        from sluice.control.history import RunHistory, RunRecord, past_iterations, target_of
+
+        hist = RunHistory()
+        for record in spec["history"]:
+            hist.add(RunRecord.model_validate(record))
+        proc.use_history(past_iterations(hist, proc.model, target_of(proc.termination, proc.requirements,
+                                                                     proc.model), spec.get("history_shape")))
     return engine, proc
 
 

@@ -86,12 +86,27 @@ def summary_table(summary: dict[str, Any], title: str) -> Table:
 
 
 def eta_text(est: dict[str, Any]) -> str:
-    """The live estimate of the iterations the target still needs: ``120 (90–160)``, or ``-``."""
+    """The live estimate of the iterations the target still needs: ``120 (90–160)``, ``>90`` (open above, no
+    point estimate) or ``-``."""
     mid, lo, hi = (est.get(k) for k in ("remaining_iterations", "remaining_iterations_low",
                                           "remaining_iterations_high"))
     if mid is None:
-        return "-"
+        return "-" if lo is None else f">{lo}"
     return f"{mid} ({lo}–{'…' if hi is None else hi})"
+
+
+def _past_runs(run: RunDir, kind: str, proc: TrainingProcess) -> list[int]:
+    """When the runs of the same job shape in this run's parent directory met this run's target (the history
+    its estimate of the remaining iterations learns from)."""
+    import tomllib
+
+    from sluice.control.history import job_shape, past_iterations, runs_dir_history, target_of
+
+    target = target_of(proc.termination, proc.requirements, proc.model)
+    if target is None:
+        return []
+    shape = job_shape(kind, tomllib.loads((run.path / "config.toml").read_text(encoding="utf-8")))
+    return past_iterations(runs_dir_history(run.path.parent, kind, exclude=run.path), proc.model, target, shape)
 
 
 def write_status(run: RunDir, proc: TrainingProcess) -> None:
@@ -203,6 +218,7 @@ def run_job(
             inbox_adapter=inbox_adapter,
         )
         run.write_config(job.dump())
+        proc.use_history(_past_runs(run, prefix, proc))
         if describe is not None:
             engine.start()  # idempotent; a description may need the engine's data and model
             console.print(describe(engine))

@@ -15,29 +15,45 @@ passes, not when a smooth one crosses. :class:`Estimator` answers it by simulati
    with AR(1) noise of standard deviation ``noise_scale·σ`` that starts from the last residual, and the
    first evaluation where the threshold has held ``patience`` times is that future's remaining iterations.
 
-The median over the futures is the estimate and the 10th and 90th percentiles its 80 % interval; the share
-of futures that pass within the horizon is the probability of meeting the target there. Below one half
-there is no point estimate: the note says the target is not expected within the horizon and gives that
-probability. The settings (:class:`EtaSettings`) were chosen on the tuning runs of ``bench/eta.py`` and
-scored on its held-out runs. The futures are drawn from a generator seeded with the number of values, so
-one history gives one estimate. A simulation is redone once the curve has grown by a ``refresh``-th of its
-values; in between, the futures drawn last are aged by the iterations done since.
+The futures are the raw material of a calibrated answer (:mod:`sluice.control.eta_calibration`): their
+median, the share of them that pass within the horizon and how far the curve has come towards the target
+(with past runs of the same job shape, :meth:`Estimator.set_past`, what those needed) go into a regression
+whose errors on past runs give the 80 % interval and the probability of meeting the target within the
+horizon (:func:`answer`). There is always an interval once a target is known; its high end is None (open:
+"more than ``low``") beyond the horizon, and there is no point estimate when the probability of meeting the
+target within the horizon is below one half or while the curve has fewer than ``min_points`` values. The
+simulation settings (:class:`EtaSettings`) and the calibration are those of ``bench/eta.py``. The futures
+are drawn from a generator seeded with the number of values, so one history gives one estimate. A
+simulation is redone once the curve has grown by a ``refresh``-th of its values; in between, the futures
+drawn last are aged by the iterations done since.
 
 Progress is the share of the way to the first criterion expected to fire: ``n / (n + r)`` with ``r`` the
 target's estimate, or the budgets' share when they end training first (100 % once a budget stopped it);
 the remaining iterations and seconds stay the target's, so that a report of a budget stop says how much
 more the target would need. Time per iteration is an exponential moving average of measured
-iteration times (β = ``smoothing``).
+iteration times (β = ``smoothing``); the remaining seconds and their interval are the iterations' times it.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from sluice.control.curves import PowerLaw, fit_batch, fit_power_law, regime_start
+from sluice.control.eta_calibration import (
+    CLEAN_POINTS,
+    CLEAN_R2,
+    CURVE_CLIP,
+    MIN_PROBABILITY,
+    SHARP,
+    Calibration,
+    Signals,
+    past_signal,
+)
+from sluice.control.eta_calibration_data import DEFAULT
 
 INTERVAL = (0.1, 0.9)
 """The quantiles of the 80 % interval."""
@@ -55,6 +71,9 @@ class EtaSettings:
     noise_scale: float = 1.3
     horizon_factor: float = 8.0
     min_horizon: int = 100
+    smoothing: float = 0.3
+    min_points: int = 4
+    calibration: Calibration = field(default_factory=lambda: DEFAULT)
 
 
 @dataclass(frozen=True)
@@ -73,6 +92,8 @@ class Estimate:
     remaining_low: int | None = None
     remaining_high: int | None = None
     reach_probability: float | None = None
+    remaining_s_low: float | None = None
+    remaining_s_high: float | None = None
 
 
 def _blocks(rng: np.random.Generator, count: int, length: int, block: int) -> np.ndarray:
@@ -123,6 +144,39 @@ def simulate(ns: np.ndarray, ys: np.ndarray, *, now: int, target: float, mode: s
     return np.sort(np.where(remaining <= horizon, np.maximum(remaining, 1.0), np.inf)), fit
 
 
+@dataclass(frozen=True)
+class Answer:
+    """The calibrated answer: the median remaining iterations (None: beyond the horizon), the 80 % interval
+    (``high`` None: open above, beyond the horizon) and the probability of meeting the target within it."""
+
+    mid: int | None
+    low: int
+    high: int | None
+    probability: float
+
+
+def answer(cal: Calibration, sig: Signals, n: int, horizon: int) -> Answer:
+    """The estimate from ``sig`` after ``n`` iterations with ``horizon`` (module docstring)."""
+    if sig.clean and sig.past is None and sig.reach <= INTERVAL[0]:  # a clean curve that levels off short of it
+        return Answer(None, horizon, None, max(sig.reach, MIN_PROBABILITY))
+    if sig.clean and sig.past is None and sig.reach >= INTERVAL[1] and sig.spread <= SHARP:
+        lo, hi = (n * math.exp(sig.curve + d) for d in (-sig.spread / 2, sig.spread / 2))
+        mid, p = n * math.exp(sig.curve), sig.reach
+    else:
+        lo, mid, hi = cal.predict(sig, n, (INTERVAL[0], 0.5, INTERVAL[1]))
+        p = cal.probability_within(sig, n, horizon)
+    low = int(math.floor(min(lo, horizon)))
+    point = int(round(mid)) if mid <= horizon and p >= 0.5 and sig.fitted else None
+    high = int(math.ceil(hi)) if hi <= horizon else None
+    return Answer(point, max(1, low), high, p)
+
+
+def curve_text(metric: str | None, fit: PowerLaw) -> str:
+    """``metric ≈ c − |a|·n^-α`` (the sign of ``a`` written once)."""
+    sign = "−" if fit.a < 0 else "+"
+    return f"{metric} ≈ {fit.c:.4g} {sign} {abs(fit.a):.4g}·n^-{fit.alpha:.3g}"
+
+
 class Estimator:
     """Keeps the history of one metric and iteration times; answers :meth:`estimate` on demand.
 
@@ -139,20 +193,27 @@ class Estimator:
         patience: int = 1,
         iteration_budget: int | None = None,
         time_budget_s: float | None = None,
-        smoothing: float = 0.3,
-        min_points: int = 4,
         bounds: tuple[float | None, float | None] = (None, None),
         settings: EtaSettings | None = None,
+        past: Sequence[float] = (),
     ) -> None:
         self.metric, self.target, self.mode, self.patience = metric, target, mode, max(1, patience)
         self.iteration_budget, self.time_budget_s = iteration_budget, time_budget_s
-        self.smoothing, self.min_points, self.bounds = smoothing, min_points, bounds
+        self.bounds = bounds
         self.settings = settings or EtaSettings()
+        self.smoothing, self.min_points = self.settings.smoothing, self.settings.min_points
+        self.calibration = self.settings.calibration
+        self.past = tuple(float(v) for v in past)
         self.ns: list[float] = []
         self.ys: list[float] = []
         self.spi: float | None = None
         self._memo: tuple[int, int, tuple[np.ndarray, PowerLaw, int] | str] | None = None
         self._last: tuple[tuple, Estimate] | None = None
+
+    def set_past(self, past: Sequence[float]) -> None:
+        """The stopping iterations of past runs of the same job shape (the history the estimate learns from)."""
+        self.past = tuple(float(v) for v in past)
+        self._last = None
 
     def add(self, n: int, metrics: dict[str, float], seconds: float) -> None:
         """Record iteration ``n`` (1-based count) with its metrics and duration."""
@@ -195,7 +256,7 @@ class Estimator:
 
     def _estimate(self, n: int, elapsed_s: float, reached: bool) -> Estimate:
         if reached:
-            return Estimate(100.0, 0, 0.0, "result obtained", self.spi, None, 0, 0, 1.0)
+            return Estimate(100.0, 0, 0.0, "result obtained", self.spi, None, 0, 0, 1.0, 0.0, 0.0)
         b_prog, b_rem, b_s = self._budget(n, elapsed_s)
         if self.target is None:
             if b_prog is None:
@@ -204,31 +265,80 @@ class Estimator:
             note = "from the iteration/time budget (no performance target)"
             if b_s is None:
                 note += "; no iteration time measured yet"
-            return Estimate(b_prog, b_rem, b_s, note, self.spi, None, b_rem, b_rem)
-        target = self._futures(n)
-        if isinstance(target, str):
-            return self._budget_only(b_prog, b_rem, target)
-        samples, fit, horizon = target
-        p = float(np.isfinite(samples).mean())
-        lo, mid, hi = (float(samples[max(0, math.ceil(q * samples.size) - 1)]) for q in (INTERVAL[0], 0.5,
-                                                                                         INTERVAL[1]))
-        sign = "−" if fit.a < 0 else "+"
-        shape = f"{self.metric} ≈ {fit.c:.4g} {sign} {abs(fit.a):.4g}·n^-{fit.alpha:.3g}"
-        if not math.isfinite(mid):
-            note = (f"target {self.target:g} is not expected within {horizon} more iterations (probability "
-                    f"{p:.0%}; {shape})")
-            e = self._budget_only(b_prog, b_rem, note)
-            return Estimate(e.progress_percent, e.remaining_iterations, e.remaining_s, e.note, self.spi, fit,
-                            int(lo) if math.isfinite(lo) else None, None, p)
-        rem = int(round(mid))
-        note = (f"target {self.target:g} expected in {rem} iterations (80 % interval {int(lo)}–"
-                + (f"{int(hi)}" if math.isfinite(hi) else f"over {horizon}") + f"; {shape})")
+            return Estimate(b_prog, b_rem, b_s, note, self.spi, None, b_rem, b_rem, None, b_s, b_s)
+        sig, fit, horizon = self.signals(n)
+        ans = answer(self.calibration, sig, n, horizon)
+        shape = "" if fit is None else f"; {curve_text(self.metric, fit)}"
+        src = f"; from {len(self.past)} past runs of this job" if sig.past is not None else ""
+        lo, hi = ans.low, ans.high
+        if ans.mid is None:
+            note = (f"target {self.target:g} is not expected within {horizon} more iterations: more than {lo} "
+                    f"(probability {ans.probability:.0%} within the horizon{src}{shape})")
+            prog = b_prog
+            return Estimate(prog, None, None, note + self._budget_note(b_rem, None), self.spi, fit, lo, None,
+                            ans.probability, self._seconds(lo), None)
+        rem = ans.mid
+        note = (f"target {self.target:g} expected in {rem} iterations (80 % interval {lo}–"
+                + (f"{hi}" if hi is not None else f"over {horizon}") + f"{src}{shape})")
         prog = 100.0 * n / (n + rem)
         if b_rem is not None and b_rem < rem:
-            note += f"; the budget ends training {rem - b_rem} iterations earlier"
             prog = max(b_prog or 0.0, 100.0 * n / (n + b_rem) if n + b_rem else 100.0)
-        return Estimate(prog, rem, self._seconds(rem), note, self.spi, fit, int(lo),
-                        int(hi) if math.isfinite(hi) else None, p)
+        return Estimate(prog, rem, self._seconds(rem), note + self._budget_note(b_rem, rem), self.spi, fit, lo, hi,
+                        ans.probability, self._seconds(lo), self._seconds(hi))
+
+    @staticmethod
+    def _budget_note(b_rem: int | None, rem: int | None) -> str:
+        if b_rem is None or (rem is not None and b_rem >= rem):
+            return ""
+        return f"; the budget leaves {b_rem} iterations" if rem is None else (
+            f"; the budget ends training {rem - b_rem} iterations earlier")
+
+    def signals(self, n: int) -> tuple[Signals, PowerLaw | None, int]:
+        """What the estimate after ``n`` iterations is made from (:class:`Signals`), the central power-law
+        fit (None without one) and the horizon."""
+        horizon = max(self.settings.min_horizon, math.ceil(self.settings.horizon_factor * n))
+        fut = self._futures(n)
+        nn = max(n, 1)
+        spread = math.inf
+        if isinstance(fut, str):
+            curve, reach, fit = 0.0, 0.5, None
+        else:
+            samples, fit, _ = fut
+            reach = float(np.isfinite(samples).mean())
+            lo, mid, hi = (float(samples[min(samples.size - 1, int(q * samples.size))]) for q in (*INTERVAL[:1], 0.5,
+                                                                                                   INTERVAL[1]))
+            curve = math.log((mid if math.isfinite(mid) else 2.0 * horizon) / nn)
+            if math.isfinite(hi):
+                spread = math.log(hi / lo)
+        curve = min(max(curve, CURVE_CLIP[0]), CURVE_CLIP[1])
+        clean = fit is not None and fit.r2 >= CLEAN_R2 and fit.points >= CLEAN_POINTS
+        return Signals(curve, reach, self._gap(), past_signal(self.past, n), spread, clean,
+                       self._trend(fit, nn), len(self.ys) >= self.min_points), fit, horizon
+
+    def _trend(self, fit: PowerLaw | None, n: int) -> float:
+        """``log(1 + |fit(2n) − fit(n)| / σ)`` (at most 5), σ the RMS of the last third of the residuals."""
+        if fit is None or len(self.ys) < 3:
+            return 0.0
+        k = max(3, len(self.ys) // 3)
+        resid = np.asarray(self.ys[-k:]) - fit(np.asarray(self.ns[-k:]))
+        sigma = float(np.sqrt(np.mean(resid * resid)))
+        step = abs(float(fit(2.0 * n) - fit(float(n))))
+        return float(min(5.0, math.log1p(step / sigma))) if sigma > 0 else 5.0
+
+    def _gap(self) -> float:
+        """How much of the way from the first values to the target the recent values have come."""
+        if not self.ys:
+            return 0.0
+        sgn = 1.0 if self.mode == "max" else -1.0
+        z = sgn * np.asarray(self.ys)
+        first = float(z[: min(3, z.size)].mean())
+        level = float(z[-max(3, z.size // 10):].mean())
+        span = sgn * float(self.target) - first
+        return 1.0 if span <= 0 else min(max((level - first) / span, -0.5), 1.5)
+
+    def probability_within(self, n: int, h: float) -> float:
+        """Probability that the target fires within ``h`` more iterations, after ``n``."""
+        return self.calibration.probability_within(self.signals(n)[0], n, h)
 
     def _futures(self, n: int) -> tuple[np.ndarray, PowerLaw, int] | str:
         """:meth:`_target`, simulated again once the curve has ``1/refresh`` more values than at the last
@@ -261,9 +371,3 @@ class Estimator:
         if out is None:
             return f"{self.metric} has not changed; no learning curve to fit"
         return out[0], out[1], horizon
-
-    def _budget_only(self, prog: float | None, rem: int | None, why: str) -> Estimate:
-        """No target estimate (``why``): progress and what remains by the budgets, when there are any."""
-        if prog is None:
-            return Estimate(None, None, None, why, self.spi, None)
-        return Estimate(prog, None, None, f"{why}; the budget leaves {rem} iterations", self.spi)

@@ -20,13 +20,16 @@ something about a new request only when both:
   ``N`` iterations passed 0.9 by then, one that stopped at 0.8 says nothing about 0.9. A request with no
   goal learns nothing from the past (its iterations are its budget).
 
-The reason given names the runs used, by id.
+The reason given names the runs used, by id. The same runs teach the estimate of a running job's remaining
+iterations (:func:`past_iterations`); the command line finds them in the runs directory
+(:func:`runs_dir_history`: every run directory there with a ``report.json`` and a ``config.toml``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -191,3 +194,35 @@ class RunHistory:
         """``(most iterations a matching run needed or None, why)``; see :meth:`evidence`."""
         ev = self.evidence(model, target, shape)
         return ev.iterations, ev.text
+
+
+def past_iterations(history: RunHistory, model: ModelIdentity, target: Target | None,
+                    shape: str | None) -> list[int]:
+    """The iterations at which the matching past runs (:meth:`RunHistory.matching`) met their target."""
+    return [r.iterations for r in history.matching(model, target, shape)]
+
+
+def runs_dir_history(runs_dir: str | Path, kind: str, exclude: str | Path | None = None) -> RunHistory:
+    """The runs of a runs directory as a history (in memory): each subdirectory (but ``exclude``) with a
+    ``report.json`` and a ``config.toml``, its shape :func:`job_shape` of ``kind`` and that config. Unreadable
+    ones are left out."""
+    hist, root = RunHistory(), Path(runs_dir)
+    skip = None if exclude is None else Path(exclude).resolve()
+    if not root.is_dir():
+        return hist
+    for d in sorted(root.iterdir()):
+        rep, cfg = d / "report.json", d / "config.toml"
+        if d.resolve() == skip or not rep.is_file() or not cfg.is_file():
+            continue
+        try:
+            r = json.loads(rep.read_text(encoding="utf-8"))
+            m = r.get("model") or {}
+            hist.add(RunRecord(model_id=str(m.get("id", "model")), model_type=m.get("type"),
+                               version=str(m.get("version", "1")), cause=r["cause"], fired=None,
+                               iterations=int(r["iterations"]), duration_s=float(r.get("duration_s") or 0.0),
+                               performance={}, run_id=d.name,
+                               shape=job_shape(kind, tomllib.loads(cfg.read_text(encoding="utf-8"))),
+                               reached=reached_of(r.get("criterion"))))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return hist

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -191,6 +191,7 @@ class TrainingProcess:
         self.data_taken = 0
         self.resumed_from: int | None = None
         self.report: TrainingReport | None = None
+        self.past_iterations: tuple[int, ...] = ()
         self.estimator = self._make_estimator()
 
         self._cv = threading.Condition()
@@ -237,6 +238,13 @@ class TrainingProcess:
             self._pending = (t, r)
             self._cv.notify_all()
 
+    def use_history(self, iterations: Sequence[int]) -> None:
+        """The iterations at which past runs of the same job shape met a target at least as strict as this
+        run's (:meth:`sluice.control.history.RunHistory.matching`): the estimate of the remaining iterations
+        learns from them (three or more)."""
+        self.past_iterations = tuple(int(v) for v in iterations)
+        self.estimator.set_past(self.past_iterations)
+
     def add_data(self, data: Any) -> None:
         """Hand the engine more training data (used when the process is AWAITING_DATA, or at the next
         iteration otherwise)."""
@@ -261,7 +269,8 @@ class TrainingProcess:
         e = self.estimate()
         out = {"remaining_iterations": e.remaining_iterations, "remaining_iterations_low": e.remaining_low,
                "remaining_iterations_high": e.remaining_high, "reach_probability": e.reach_probability,
-               "progress_percent": e.progress_percent}
+               "remaining_s": e.remaining_s, "remaining_s_low": e.remaining_s_low,
+               "remaining_s_high": e.remaining_s_high, "progress_percent": e.progress_percent}
         return out if e.remaining_iterations is not None else {**out, "remaining_reason": e.note}
 
     def progress_status(self) -> dict[str, Any]:
@@ -286,6 +295,8 @@ class TrainingProcess:
             "estimated_remaining_iterations_high": e.remaining_high,
             "reach_probability": e.reach_probability,
             "estimated_remaining_s": e.remaining_s,
+            "estimated_remaining_s_low": e.remaining_s_low,
+            "estimated_remaining_s_high": e.remaining_s_high,
             "estimate_note": e.note,
             "bytes_up": self.bytes_up,
             "bytes_down": self.bytes_down,
@@ -315,6 +326,7 @@ class TrainingProcess:
             mode=goal[2] if goal else "max", patience=goal[3] if goal else 1, iteration_budget=t.iterations,
             time_budget_s=min(times) if times else None,
             bounds=(specs[goal[0]].low, specs[goal[0]].high) if goal else (None, None),
+            past=getattr(self, "past_iterations", ()),
         )
         for n, metrics, secs in getattr(self, "history", []):
             est.add(n, metrics, secs)
@@ -466,7 +478,8 @@ class TrainingProcess:
             duration_s=self.elapsed_s, iterations=self.n, progress_percent=e.progress_percent,
             estimated_remaining_s=e.remaining_s, estimated_remaining_iterations=e.remaining_iterations,
             estimated_remaining_iterations_low=e.remaining_low, estimated_remaining_iterations_high=e.remaining_high,
-            reach_probability=e.reach_probability, estimate_note=e.note, model_path=model_path,
+            reach_probability=e.reach_probability, estimated_remaining_s_low=e.remaining_s_low,
+            estimated_remaining_s_high=e.remaining_s_high, estimate_note=e.note, model_path=model_path,
             bytes_up=self.bytes_up, bytes_down=self.bytes_down,
             resources_peak=dict(self.peak), awaited_data=self.awaited, data_refused=list(self.data_refused),
             clients=self.clients.reports(), data=self._data_report(), notes=self.notes(),

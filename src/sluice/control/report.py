@@ -58,6 +58,9 @@ class TrainingReport(BaseModel):
                                                            "horizon the estimate looked at)")
     reach_probability: float | None = Field(None, description="probability of meeting the target within the "
                                             "estimate's horizon")
+    estimated_remaining_s_low: float | None = Field(None, description="80 % interval of the seconds the target "
+                                                    "still needs, from the measured seconds per iteration: low end")
+    estimated_remaining_s_high: float | None = Field(None, description="… high end (None: beyond the horizon)")
     estimate_note: str = ""
     model_path: str | None = None
     bytes_up: int = 0
@@ -125,12 +128,11 @@ class TrainingReport(BaseModel):
             ("iterations", str(self.iterations)),
             ("duration", num(self.duration_s, ".2f", " s")),
             ("progress", num(self.progress_percent, ".1f", " %")),
-            ("est. remaining iterations", num(self.estimated_remaining_iterations, "d") + (
-                "" if not self.estimated_remaining_iterations or self.estimated_remaining_iterations_low is None
-                else f" (80 %: {self.estimated_remaining_iterations_low}–"
-                     + ("…" if self.estimated_remaining_iterations_high is None
-                        else f"{self.estimated_remaining_iterations_high}") + ")")),
-            ("est. remaining time", num(self.estimated_remaining_s, ".1f", " s")),
+            ("est. remaining iterations", _interval(self.estimated_remaining_iterations,
+                                                    self.estimated_remaining_iterations_low,
+                                                    self.estimated_remaining_iterations_high, "d", "")),
+            ("est. remaining time", _interval(self.estimated_remaining_s, self.estimated_remaining_s_low,
+                                              self.estimated_remaining_s_high, ".1f", " s")),
         ]
         rows += [(k, ", ".join(f"{n} {x:,}" for n, x in v.items()) if isinstance(v, dict) else f"{v:,}")
                  for k, v in self.data.items()]
@@ -178,3 +180,12 @@ def brief(section: BaseModel) -> str:
 
     walk("", section.model_dump(mode="json", exclude_none=True, exclude_defaults=True))
     return "; ".join(pairs)
+
+
+def _interval(mid: float | None, low: float | None, high: float | None, fmt: str, unit: str) -> str:
+    """``120 (80 %: 90–160)``, ``more than 90`` (open above, no point), ``0`` or ``-`` (none)."""
+    if mid is None:
+        return "-" if low is None else f"more than {format(low, fmt)}{unit}"
+    if not mid or low is None:
+        return f"{format(mid, fmt)}{unit}"
+    return f"{format(mid, fmt)}{unit} (80 %: {format(low, fmt)}–{'…' if high is None else format(high, fmt)}{unit})"

@@ -76,7 +76,7 @@ class TrainingService(RequestsMixin, ProcessesMixin, RetrainingMixin, WorkerMess
         self.store = Store(self.db, system_dn=ldn_to_dn(sn), href=self.href)
         self.outbox = Outbox(self.store, timeout_s=cfg.notify_timeout_s, max_attempts=cfg.notify_max_attempts,
                              backoff_s=cfg.notify_backoff_s, ca_file=cfg.notify_ca_file)
-        self.supervisor = Supervisor(cfg.max_concurrent, self._pick_next, self._on_message,
+        self.supervisor = Supervisor(cfg.max_concurrent, self._next_spec, self._on_message,
                                      start_method=cfg.worker_start, call_timeout_s=cfg.call_timeout_s)
         self.prober = Prober(self.supervisor.ctx)
         self._last_progress: dict[str, float] = {}

@@ -31,6 +31,25 @@ from sluice.service.vsdata import feedback as read_feedback
 class RetrainingMixin(ServiceBase):
     # ------------------------------------------------------------------ processes: create / negotiate
     def _history(self) -> Any:
+        return self._history_and_shapes()[0]
+
+    def _next_spec(self) -> dict[str, Any] | None:
+        """The next queued process's worker spec, with the runs of its job shape that the store remembers
+        (``history``, ``history_shape``): its estimate of the remaining iterations learns from them."""
+        spec = self._pick_next()
+        if spec is None:
+            return None
+        try:
+            hist, shapes = self._history_and_shapes()
+        except Exception:  # noqa: BLE001 - the history is a help; a process starts without it
+            return spec
+        shape = shapes.get(id_of(spec["process"]))
+        spec["history_shape"] = shape
+        spec["history"] = [r.model_dump(mode="json") for r in hist.records if shape is not None and r.shape == shape]
+        return spec
+
+    def _history_and_shapes(self) -> tuple[Any, dict[str, str]]:
+        """The store's past runs (a :class:`~sluice.control.history.RunHistory`) and each process's job shape."""
         from sluice.control.history import RunHistory, RunRecord, job_shape, reached_of
 
         hist = RunHistory()
@@ -53,7 +72,7 @@ class RetrainingMixin(ServiceBase):
                                        shape=shapes.get(id_of(row.dn)), reached=reached_of(r.get("criterion"))))
                 except (ValueError, TypeError):
                     continue
-        return hist
+        return hist, shapes
 
     def _propose(self, job: StoredJob) -> tuple[dict[str, Any], list[str]]:
         from sluice.control.history import job_shape
