@@ -630,34 +630,8 @@ class TrainingProcess:
                 self.elapsed_s = self.clock() - t_start - self._paused
                 if self._await_data(event):
                     continue
-                if self._cancel:
-                    return self._finish(Cause.CANCELLED, f"cancelled while awaiting data after {self.n} "
-                                        "iterations")
-                detail = event.detail or "inadequate training data"
-                return self._finish(Cause.INADEQUATE_TRAINING_DATA, detail)
-            self.n += 1
-            metrics = {k: float(v) for k, v in event.metrics.items()}
-            self.latest.update(metrics)
-            self.history.append((self.n, metrics, dt))
-            self.clients.add(self.n, event.clients)
-            self.estimator.add(self.n, metrics, dt)
-            if self.sampler is not None:
-                self.resources = dict(self.sampler.sample())
-            else:
-                self.resources = {}
-            self.resources["network_bytes"] = float(self.bytes_up + self.bytes_down)
-            for k, v in self.resources.items():
-                if v > self.peak.get(k, 0.0):
-                    self.peak[k] = v
-            self.elapsed_s = self.clock() - t_start - self._paused
-            if event.anomaly:
-                known = event.anomaly in Cause._value2member_map_
-                cause = Cause(event.anomaly) if known else Cause.DIVERGED
-                self.decision = Anomaly(cause, event.detail or event.anomaly, self.n)
-            else:
-                self.decision = self.monitor.observe(
-                    Observation(self.n, metrics, self.elapsed_s, self.resources)
-                )
+                return self._no_data(event)
+            self._count(event, dt, t_start)
             if self.on_event is not None:
                 self.on_event(event, self)
             d = self.decision
@@ -675,6 +649,34 @@ class TrainingProcess:
                     return self._finish(v.cause, v.detail + f" (measured over the first {self.n} iterations)")
             if self.on_checkpoint is not None and self.checkpoint_every and self.n % self.checkpoint_every == 0:
                 self.on_checkpoint(self)
+
+    def _no_data(self, event: IterationEvent) -> TrainingReport:
+        """The end of a run whose engine found its data inadequate and got none while it waited."""
+        if self._cancel:
+            return self._finish(Cause.CANCELLED, f"cancelled while awaiting data after {self.n} iterations")
+        return self._finish(Cause.INADEQUATE_TRAINING_DATA, event.detail or "inadequate training data")
+
+    def _count(self, event: IterationEvent, dt: float, t_start: float) -> None:
+        """Take iteration ``n + 1``'s event: its metrics, clients, estimate, the resources and peaks, the
+        elapsed time, and the decision (an anomaly the engine reports, else the monitor's)."""
+        self.n += 1
+        metrics = {k: float(v) for k, v in event.metrics.items()}
+        self.latest.update(metrics)
+        self.history.append((self.n, metrics, dt))
+        self.clients.add(self.n, event.clients)
+        self.estimator.add(self.n, metrics, dt)
+        self.resources = dict(self.sampler.sample()) if self.sampler is not None else {}
+        self.resources["network_bytes"] = float(self.bytes_up + self.bytes_down)
+        for k, v in self.resources.items():
+            if v > self.peak.get(k, 0.0):
+                self.peak[k] = v
+        self.elapsed_s = self.clock() - t_start - self._paused
+        if event.anomaly:
+            known = event.anomaly in Cause._value2member_map_
+            cause = Cause(event.anomaly) if known else Cause.DIVERGED
+            self.decision = Anomaly(cause, event.detail or event.anomaly, self.n)
+        else:
+            self.decision = self.monitor.observe(Observation(self.n, metrics, self.elapsed_s, self.resources))
 
 
 def train(
