@@ -157,3 +157,14 @@ def test_a_worker_spec_history_teaches_the_process_estimate(tmp_path: Path) -> N
     _, proc = _build(spec, lambda msg: None)
     assert sorted(proc.past_iterations) == [30, 40]
     assert sorted(proc.estimator.past) == [30.0, 40.0]
+
+
+def test_a_target_on_a_metric_of_the_engine_own_is_read_with_the_engine_specs() -> None:
+    from sluice.errors import ConfigError
+    from sluice.metrics import MetricSpec
+
+    term = parse_termination({"performance": {"anomaly_f1": {"threshold": 0.65}}})
+    with pytest.raises(ConfigError, match="unknown metric 'anomaly_f1'"):
+        target_of(term, None, ModelIdentity())  # Sluice's known metrics do not name it
+    target = target_of(term, None, ModelIdentity(), {"anomaly_f1": MetricSpec("anomaly_f1", True, 0.0, 1.0)})
+    assert target is not None and (target.metric, target.threshold, target.mode) == ("anomaly_f1", 0.65, "max")

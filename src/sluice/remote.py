@@ -117,8 +117,8 @@ def _build(spec: dict[str, Any], send: _Sender, engine: Any = None) -> tuple[Any
         hist = RunHistory()
         for record in spec["history"]:
             hist.add(RunRecord.model_validate(record))
-        proc.use_history(past_iterations(hist, proc.model, target_of(proc.termination, proc.requirements,
-                                                                     proc.model), spec.get("history_shape")))
+        target = target_of(proc.termination, proc.requirements, proc.model, proc.monitor.specs)
+        proc.use_history(past_iterations(hist, proc.model, target, spec.get("history_shape")))
     return engine, proc
 
 

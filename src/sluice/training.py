@@ -102,7 +102,7 @@ def _past_runs(run: RunDir, kind: str, proc: TrainingProcess) -> list[int]:
 
     from sluice.control.history import job_shape, past_iterations, runs_dir_history, target_of
 
-    target = target_of(proc.termination, proc.requirements, proc.model)
+    target = target_of(proc.termination, proc.requirements, proc.model, proc.monitor.specs)
     if target is None:
         return []
     shape = job_shape(kind, tomllib.loads((run.path / "config.toml").read_text(encoding="utf-8")))

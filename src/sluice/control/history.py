@@ -40,6 +40,7 @@ from pydantic import BaseModel, Field
 from sluice.control.monitor import RESULT_KINDS, effective_error_metric
 from sluice.control.params import Cause, ModelIdentity, Requirements, Termination
 from sluice.control.process import goal_of
+from sluice.metrics import MetricSpec
 
 IDENTITY = ("id", "version", "type")
 BUDGETS = ("iterations", "rounds", "epochs", "steps", "device")
@@ -95,10 +96,11 @@ class Target:
         return f"{self.metric} {'≥' if self.mode == 'max' else '≤'} {self.threshold:g}"
 
 
-def target_of(termination: Termination, requirements: Requirements | None,
-              model: ModelIdentity | None) -> Target | None:
-    """The goal of a run with these parameters (module docstring), or None when it has none."""
-    goal = goal_of(termination, requirements, effective_error_metric(termination, model))
+def target_of(termination: Termination, requirements: Requirements | None, model: ModelIdentity | None,
+              specs: Mapping[str, MetricSpec] | None = None) -> Target | None:
+    """The goal of a run with these parameters (module docstring), or None when it has none; ``specs``: the
+    engine's declared metrics (default: Sluice's known metrics)."""
+    goal = goal_of(termination, requirements, effective_error_metric(termination, model), specs)
     return None if goal is None else Target(goal[0], float(goal[1]), goal[2])
 
 
