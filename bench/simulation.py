@@ -7,12 +7,14 @@ one), one process builds the simulator with Sluice's defaults otherwise, runs on
 timed rounds, and reports: seconds a round (mean of the timed rounds), the process's peak resident memory
 (``ru_maxrss``) and on a GPU its peak allocated device memory, the clients' state in memory (every array and
 tensor a client object holds: the model it holds, anchors and velocities, the compressor's residual), the
-bytes up and down of every round (``len()`` of every encoded message) and the test accuracy of every round.
-The two modes of a setting are then compared round by round: the same bytes, the same accuracy.
+bytes up and down of every round (``len()`` of every encoded message) and the test accuracy of every round,
+and what a round's seconds are made of (local training, the downlink messages, the clients' sync, the upload
+encoding, the server's decoding, the rest). The two modes of a setting are then compared round by round: the
+same bytes, the same accuracy.
 
     .venv/bin/python bench/simulation.py                                   # default: about 6 min on 2 cores
     .venv/bin/python bench/simulation.py --clients 10,100 --tasks default  # a part
-    .venv/bin/python bench/simulation.py --rounds 5 --cnn-rounds 3         # more rounds
+    .venv/bin/python bench/simulation.py --rounds 10 --cnn-rounds 3        # more rounds
 
 ``mnist_cnn`` runs at 10 and 100 clients unless ``--cnn-clients`` says otherwise (its clients' state is about
 20 MB each). Results go to ``bench/results/simulation.{md,json}``.
@@ -69,9 +71,14 @@ def run_one(task: str, clients: int, mode: str, device: str, rounds: int) -> dic
                                     "train": {"participation": 1.0, "device": device,
                                               "batched_clients": MODES[mode]}})
     from sluice.hfl.batched import BatchedFit
+    from sluice.hfl.client import Client
     from sluice.hfl.learner import Learner
+    from sluice.hfl.server import Server
 
     training = _time_calls(Learner, "fit") + _time_calls(BatchedFit, "fit")
+    parts = {"messages": _time_calls(Server, "message") + _time_calls(Server, "messages"),
+             "sync": _time_calls(Client, "sync"), "upload encoding": _time_calls(Client, "upload"),
+             "server decoding": _time_calls(Server, "receive")}
     engine = HFLEngine(cfg)
     t0 = time.perf_counter()
     engine.start()
@@ -80,7 +87,7 @@ def run_one(task: str, clients: int, mode: str, device: str, rounds: int) -> dic
     if device != "cpu":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    for t in training:
+    for t in training + [t for ts in parts.values() for t in ts]:
         t[0] = 0.0
     t0 = time.perf_counter()
     events += [engine.iterate() for _ in range(rounds)]
@@ -88,6 +95,7 @@ def run_one(task: str, clients: int, mode: str, device: str, rounds: int) -> dic
     out = {"task": task, "clients": clients, "mode": mode, "device": device, "rounds": rounds,
            "start_seconds": start, "seconds_per_round": seconds,
            "training_seconds_per_round": sum(t[0] for t in training) / rounds,
+           "parts_seconds_per_round": {k: sum(t[0] for t in ts) / rounds for k, ts in parts.items()},
            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
            "client_state_bytes": sum(state_bytes(c) for c in engine.clients),
            "d": engine.num_params, "samples": engine.num_samples,
@@ -210,11 +218,35 @@ def render(res: dict) -> str:
                 + (f"{row['rounds_same_bytes']}/{row['rounds_compared']}" if mine else "") + " | "
                 + (f"{row['max_accuracy_diff']:.4g}" if mine else "") + " |")
     lines += ["", "Local training: the seconds spent in `Learner.fit` (one by one) or `BatchedFit.fit` (together) "
-              "in a round; the rest of a round (each client's downlink message, sync and upload encoding, the "
-              "server's decoding and step, the evaluation) is the same work in both modes. Rounds compared include "
-              "the warm-up round. Client state: the arrays and tensors the client objects hold (each client's model, "
-              "compressor residual...), not θ_0 or the learner they share."]
-    return "\n".join(lines) + "\n"
+              "in a round. Rounds compared include the warm-up round. Client state: the arrays and tensors the client "
+              "objects hold (each client's model, compressor residual...), not θ_0 or the learner they share."]
+    return "\n".join(lines + _parts_table(res)) + "\n"
+
+
+PARTS = ("messages", "sync", "upload encoding", "server decoding")
+
+
+def _parts_table(res: dict) -> list[str]:
+    """What a round's seconds are made of, per setting (the rows that timed them)."""
+    timed = [(row, m, r) for row in res["rows"] for m, r in row["runs"].items() if "parts_seconds_per_round" in r]
+    if not timed:
+        return []
+    lines = ["", "## What a round is made of (s/round)", "",
+             "| task | device | clients | mode | local training | " + " | ".join(PARTS) + " | the rest |",
+             "|---|---|---|---|---|" + "---|" * len(PARTS) + "---|"]
+    for row, m, r in timed:
+        parts = [r["parts_seconds_per_round"][k] for k in PARTS]
+        rest = r["seconds_per_round"] - r["training_seconds_per_round"] - sum(parts)
+        lines.append(f"| {row['task']} | {row['device']} | {row['clients']:,} | {m} | "
+                     f"{r['training_seconds_per_round']:.3f} | " + " | ".join(f"{v:.3f}" for v in parts)
+                     + f" | {rest:.3f} |")
+    lines += ["", "Messages: the server's downlink messages (`Server.message`, or `Server.messages` for the "
+              "clients trained together, which encodes each different message once); sync: the clients applying "
+              "them; upload encoding: `Client.upload` (each client's compressor and wire encoding); server "
+              "decoding: `Server.receive`; the rest: sampling, each client's Δ (together), the server's "
+              "aggregation and step, the evaluation. One by one, a client's sync and upload run inside its "
+              "`Client.train`."]
+    return lines
 
 
 def write(res: dict, out: Path) -> None:

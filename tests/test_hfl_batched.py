@@ -14,8 +14,10 @@ from torch.utils.data import TensorDataset
 from sluice.hfl import HFLEngine, batched
 from sluice.hfl.baselines.qsgd import QSGDClient, QSGDServer
 from sluice.hfl.batched import BatchedFit, Job, optimizer_rule, pays, unbatchable
+from sluice.hfl.client import Client
 from sluice.hfl.config import HFLConfig
 from sluice.hfl.learner import Learner
+from sluice.hfl.server import Server
 from sluice.tasks import Task, load_task
 
 LOSS_TOL = 1e-6
@@ -214,3 +216,28 @@ def test_auto_leaves_convolutions_on_the_cpu_one_by_one(federation):
     assert not pays(Learner(conv, 0), 100)
     assert pays(federation.learner, batched.AUTO_MIN_CLIENTS)
     assert not pays(federation.learner, batched.AUTO_MIN_CLIENTS - 1)
+
+
+@pytest.mark.parametrize("downlink", ["per-client", "anchor"])
+def test_every_message_and_upload_is_the_one_by_ones(monkeypatch, downlink):
+    """Byte for byte: each downlink message (encoded once per base round when trained together) and each upload,
+    in order, with clients of different base rounds (participation 0.6) and weighted upload budgets."""
+    seen: dict[bool, list] = {False: [], True: []}
+    now = {"mode": False}
+    sync, receive = Client.sync, Server.receive
+    monkeypatch.setattr(Client, "sync", lambda self, msg: seen[now["mode"]].append(("down", self.client_id, msg))
+                        or sync(self, msg))
+    monkeypatch.setattr(Server, "receive", lambda self, c, up, w: seen[now["mode"]].append(("up", c, up))
+                        or receive(self, c, up, w))
+    engines = {}
+    for mode in (False, True):
+        now["mode"] = mode
+        engines[mode] = _engine(mode, participation=0.6, compression={"downlink": downlink, "anchor_every": 2})
+        _rounds(engines[mode], 6)
+    assert sum(kind == "up" for kind, _, _ in seen[True]) == 6 * 7
+    if downlink == "per-client":  # clients of different base rounds in a round: different messages
+        assert len({msg for kind, _, msg in seen[True] if kind == "down"}) > 6
+    for kind in ("down", "up"):  # one by one interleaves them; together, all messages first
+        assert [x for x in seen[True] if x[0] == kind] == [x for x in seen[False] if x[0] == kind], kind
+    for a, b in zip(engines[False].clients, engines[True].clients, strict=True):
+        np.testing.assert_array_equal(a.params, b.params)

@@ -23,9 +23,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_config_arguments(p, out_default="runs/run-<timestamp>", example="train.rounds=50")
     f = p.add_argument_group("Flower runtime (pip install 'sluice[flower]')")
-    f.add_argument("--runtime", choices=("sim", "flower"), default="sim",
+    f.add_argument("--runtime", choices=("sim", "flower", "flower-sim"), default="sim",
                    help="sim: in-process simulation (default); flower: Flower's deployment engine, a SuperLink "
-                   "and one SuperNode per client on 127.0.0.1 (TLS), or the SuperLink given by --superlink")
+                   "and one SuperNode per client on 127.0.0.1 (TLS), or the SuperLink given by --superlink; "
+                   "flower-sim: Flower's Simulation Engine (Ray; pip install 'sluice[flower]'), a SuperLink and "
+                   "one virtual SuperNode per client, on a local Ray instance or the cluster RAY_ADDRESS names")
+    f.add_argument("--ray-cpus", type=int, metavar="N",
+                   help="flower-sim: CPUs of the local Ray instance (default: every CPU)")
     f.add_argument("--nodes", type=int, help="local SuperNodes to start (default: one per client)")
     f.add_argument("--superlink", metavar="HOST:PORT", help="submit to this running SuperLink instead")
     f.add_argument("--root-certificates", metavar="CA.pem", help="CA that signed the SuperLink's certificate")
@@ -53,17 +57,20 @@ def _main(args: argparse.Namespace) -> int:
                                             ("--insecure", args.insecure), ("--node-arg", args.node_args),
                                             ("--empty-rounds", args.empty_rounds != DEFAULT_EMPTY_ROUNDS))
                    if value]
-    if flower_only and args.runtime != "flower":
+    if flower_only and args.runtime == "sim" or args.ray_cpus is not None and args.runtime != "flower-sim":
         from sluice.errors import ConfigError
 
-        raise ConfigError(f"{', '.join(flower_only)} only apply with --runtime flower")
+        if args.ray_cpus is not None and args.runtime != "flower-sim":
+            raise ConfigError("--ray-cpus only applies with --runtime flower-sim")
+        raise ConfigError(f"{', '.join(flower_only)} only apply with --runtime flower or flower-sim")
     job = load_job("hfl", args.config, args.overrides)
-    if args.runtime == "flower":
+    if args.runtime in ("flower", "flower-sim"):
         from sluice.flower.runner import FlowerOptions, run_on_flower
 
         opts = FlowerOptions(nodes=args.nodes, insecure=args.insecure, superlink=args.superlink,
                              root_certificates=args.root_certificates, round_timeout_s=args.round_timeout,
                              link_timeout_s=args.link_timeout, empty_rounds=args.empty_rounds,
-                             node_args=args.node_args)
+                             node_args=args.node_args, simulation=args.runtime == "flower-sim",
+                             ray_cpus=args.ray_cpus)
         return run_on_flower(job, args.out, opts, console=Console())
     return train_hfl(job, args.out, Console())

@@ -121,13 +121,16 @@ def _kill_tree(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
 class LocalDeployment:
     """A SuperLink and ``nodes`` SuperNodes on 127.0.0.1, with everything in ``workdir``. ``node_args[i]``
     are task arguments of node ``i`` alone (``task.<name>=<value>`` in its node configuration: a path to the
-    node's own files, say)."""
+    node's own files, say). With ``simulation`` the SuperLink runs Flower's Simulation Engine instead
+    (``flower-superlink --simulation``): no SuperNode processes, the run's virtual SuperNodes (``partition-id``
+    0, 1...) come from the federation configuration :func:`submit` sends."""
 
     workdir: Path
     nodes: int
     tls: bool = True
     terminals: int | None = None
     node_args: dict[int, dict[str, Any]] = field(default_factory=dict)
+    simulation: bool = False
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     port: int = 0
     certs: CertFiles | None = None
@@ -152,7 +155,7 @@ class LocalDeployment:
 
     def start(self, wait_s: float = 60.0) -> LocalDeployment:
         """Start the SuperLink, wait until it accepts connections, then start the SuperNodes."""
-        for name in STARTED_BY_NAME:
+        for name in STARTED_BY_NAME + (("flwr-simulation",) if self.simulation else ()):
             _bin(name)  # missing, the SuperLink or a node would fail later on, saying less
         self.logs.mkdir(parents=True, exist_ok=True)
         self.home.mkdir(parents=True, exist_ok=True)
@@ -165,6 +168,8 @@ class LocalDeployment:
                      "--ssl-keyfile", str(self.certs.key)]
         else:
             argv.append("--insecure")
+        if self.simulation:
+            argv.append("--simulation")
         link = self._spawn("superlink", argv)
         write_connection(self.home, "sluice", self.address, self.certs.ca if self.certs else None)
         end = time.monotonic() + wait_s
@@ -176,7 +181,7 @@ class LocalDeployment:
             if time.monotonic() > end:
                 raise DeploymentError(f"the SuperLink did not listen on {self.address} within {wait_s:g} s")
             time.sleep(0.2)
-        for i in range(self.nodes):
+        for i in range(0 if self.simulation else self.nodes):
             self.start_node(i)
         return self
 
@@ -282,9 +287,11 @@ class Submitted:
 
 
 def submit(job_doc: dict[str, Any], out: Path, workdir: Path, home: Path, *, connection: str = "sluice",
-           run_config: dict[str, Any] | None = None, timeout_s: float = 120.0) -> Submitted:
+           run_config: dict[str, Any] | None = None, timeout_s: float = 120.0,
+           federation_config: dict[str, Any] | None = None) -> Submitted:
     """Start the job on the SuperLink named ``connection`` in ``home``; its run directory is ``out`` (on
-    the SuperLink's host)."""
+    the SuperLink's host). ``federation_config`` (``flwr run --federation-config``: ``num-supernodes``,
+    ``init-args-num-cpus``...) configures a SuperLink that runs the Simulation Engine."""
     import tomli_w
 
     app = write_app(workdir / "app")
@@ -293,6 +300,8 @@ def submit(job_doc: dict[str, Any], out: Path, workdir: Path, home: Path, *, con
     cfg_file = workdir / "run-config.toml"
     cfg_file.write_text(tomli_w.dumps(values), encoding="utf-8")
     argv = [_bin("flwr"), "run", str(app), connection, "--run-config", str(cfg_file), "--format", "json"]
+    if federation_config:
+        argv += ["--federation-config", " ".join(f"{k}={json.dumps(v)}" for k, v in federation_config.items())]
     try:
         res = subprocess.run(argv, capture_output=True, text=True, env=flower_env(home), cwd=workdir,
                              timeout=timeout_s)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import signal
 import subprocess
@@ -62,6 +63,20 @@ class FlowerOptions:
     start_timeout_s: float = 120.0  # a run the SuperLink accepted and has not started by then fails
     empty_rounds: int = DEFAULT_EMPTY_ROUNDS  # rounds in a row no node answers that end the run
     node_args: list[str] = field(default_factory=list)  # --node-arg [C:]NAME=VALUE (see node_args())
+    simulation: bool = False  # Flower's Simulation Engine (Ray) instead of SuperNode processes
+    ray_cpus: int | None = None  # CPUs of the local Ray instance it starts (None: Ray's default, every CPU)
+    client_cpus: int = 1  # CPUs Ray reserves for each ClientApp running at once
+
+    def federation_config(self, nodes: int) -> dict[str, Any]:
+        """``flwr run --federation-config`` of a simulation with ``nodes`` virtual SuperNodes. With ``RAY_ADDRESS``
+        set, Ray joins that cluster, whose size is its own (then ``ray_cpus`` is refused)."""
+        cfg: dict[str, Any] = {"num-supernodes": int(nodes), "client-resources-num-cpus": int(self.client_cpus)}
+        if self.ray_cpus is not None:
+            if os.environ.get("RAY_ADDRESS"):
+                raise DeploymentError("--ray-cpus sizes the local Ray instance; with RAY_ADDRESS set Ray joins that "
+                                      "cluster, which has its own CPUs: unset one of them")
+            cfg["init-args-num-cpus"] = int(self.ray_cpus)
+        return cfg
 
     def run_config(self, min_nodes: int = 0) -> dict[str, Any]:
         return {"round-timeout": float(self.round_timeout_s), "link-timeout": float(self.link_timeout_s),
@@ -267,6 +282,9 @@ def run_on_flower(job: Job, out: str | None, opts: FlowerOptions, *, console: Co
         raise DeploymentError(refusal)
     if opts.empty_rounds < 1:
         raise DeploymentError(f"--empty-rounds must be at least 1, got {opts.empty_rounds}")
+    if opts.simulation and (opts.superlink is not None or opts.node_args):
+        raise DeploymentError("--runtime flower-sim runs Flower's Simulation Engine here: --superlink and --node-arg "
+                              "apply to --runtime flower")
     if opts.superlink is not None:
         if opts.node_args:
             raise DeploymentError("--node-arg sets up the nodes sluice run starts; the SuperNodes of a SuperLink "
@@ -280,14 +298,18 @@ def run_on_flower(job: Job, out: str | None, opts: FlowerOptions, *, console: Co
     own = node_args(opts.node_args, nodes)
     work = out_path / "flower"
     work.mkdir(parents=True, exist_ok=True)
-    dep = LocalDeployment(work, nodes=nodes, tls=not opts.insecure, terminals=terminals, node_args=own)
+    federation = opts.federation_config(nodes) if opts.simulation else None
+    dep = LocalDeployment(work, nodes=nodes, tls=not opts.insecure, terminals=terminals, node_args=own,
+                          simulation=opts.simulation)
     try:
         dep.start()
-        console.print(f"[bold]sluice run --runtime flower[/]: SuperLink {dep.address} "
-                      f"({'insecure' if opts.insecure else 'TLS, CA ' + str(dep.certs.ca)}), {nodes} SuperNodes "
+        how = (f"Flower's Simulation Engine, {nodes} virtual SuperNodes" if opts.simulation else f"{nodes} SuperNodes")
+        console.print(f"[bold]sluice run --runtime {'flower-sim' if opts.simulation else 'flower'}[/]: SuperLink "
+                      f"{dep.address} ({'insecure' if opts.insecure else 'TLS, CA ' + str(dep.certs.ca)}), {how} "
                       f"for {terminals} terminals; logs in {dep.logs}")
         try:
-            sub = submit(job.dump(), out_path, work, dep.home, run_config=opts.run_config(min(nodes, terminals)))
+            sub = submit(job.dump(), out_path, work, dep.home, run_config=opts.run_config(min(nodes, terminals)),
+                         federation_config=federation)
         except DeploymentError as exc:
             link = dep.exit_reason()  # the SuperLink it started may have died since it listened
             raise DeploymentError(f"{exc}; the SuperLink exited{link}" if link else str(exc)) from None

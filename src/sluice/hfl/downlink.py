@@ -120,6 +120,21 @@ class Downlink:
             self.synced[client] = self.round
         return self._message(params, velocity, base)
 
+    def messages(self, clients: list[int], params: np.ndarray, velocity: np.ndarray | None = None) -> list[bytes]:
+        """:meth:`message` for each of ``clients`` in turn (the same bytes), each different message encoded once:
+        clients with the same base round get the same message (it depends only on the base, the server model,
+        the velocity and the log, which giving messages leaves alone)."""
+        made: dict[int | None, bytes] = {}
+        out = []
+        for c in clients:
+            base = self._base_round(c)
+            if self.mode == "per-client":
+                self.synced[c] = self.round
+            if base not in made:
+                made[base] = self._message(params, velocity, base)
+            out.append(made[base])
+        return out
+
     def full_message(self, params: np.ndarray, velocity: np.ndarray | None = None) -> bytes:
         """The message that brings any client to ``params`` (and ``velocity``): the dense model, which a
         runtime sends a client whose model it cannot know."""
@@ -196,10 +211,26 @@ class Downlink:
         return min((encode(p) for p in options), key=len)
 
 
+_last_decoded: tuple[bytes | None, Payload | None] = (None, None)
+"""The last message :func:`apply_downlink` decoded and its payload: a simulator hands the clients of a round that
+share a base round the same bytes object (:meth:`Downlink.messages`), decoded once. Payloads are never changed."""
+
+
+def _decoded(buf: bytes) -> Payload:
+    """``decode(buf)``, reusing the last payload when ``buf`` is the very object decoded last."""
+    global _last_decoded
+    last, payload = _last_decoded
+    if last is buf and payload is not None:
+        return payload
+    payload = decode(buf)
+    _last_decoded = (buf, payload) if isinstance(buf, bytes) else (None, None)
+    return payload
+
+
 def apply_downlink(model: np.ndarray, velocity: np.ndarray | None, buf: bytes) -> tuple[np.ndarray, np.ndarray | None]:
     """Client side: the (model, replayed velocity) after a downlink message, from the model it held (θ_0 at
     first) and its velocity (None before any replay: zero). Messages without replay leave the velocity."""
-    payload = decode(buf)
+    payload = _decoded(buf)
     if not isinstance(payload, ReplayChain):
         return _apply(model, payload), velocity
     lo = payload.lo

@@ -11,8 +11,10 @@ server model on the test set. Bytes counted are ``len()`` of the messages exchan
 once per client). A networked runtime drives the same two halves; only the transport differs.
 
 With ``train.batched_clients`` the clients of a round that do not fail train together
-(:mod:`sluice.hfl.batched`): every sampled client still gets its message and syncs in client order, then
-one batched computation trains them all, then each encodes its upload with its own compressor and the server
+(:mod:`sluice.hfl.batched`): every sampled client still gets its message and syncs in client order (with
+Sluice's server the round's messages are made by :meth:`Server.messages`, which encodes each different one once:
+the same bytes, and clients given the same bytes object decode it once), then one batched computation trains them
+all, then each encodes its upload with its own compressor and the server
 receives them in client order; on the CPU the bytes and the accuracy are those of one by one. A task that
 cannot train together trains one by one, with a note said once.
 
@@ -399,8 +401,9 @@ class HFLEngine(ServerModel, Suspendable):
             losses.append(self.clients[c].train_loss)
 
         slot = {c: i for i, c in enumerate(sampled.tolist())}
-        for c, fails in zip(sampled.tolist(), failed.tolist(), strict=True):
-            msg = server.message(c)
+        msgs = self._messages(sampled.tolist()) if together is not None else None
+        for i, (c, fails) in enumerate(zip(sampled.tolist(), failed.tolist(), strict=True)):
+            msg = server.message(c) if msgs is None else msgs[i]
             bytes_down += len(msg)
             client = self.clients[c]
             parts.append(ClientRound(c, dropped=True))
@@ -416,6 +419,14 @@ class HFLEngine(ServerModel, Suspendable):
             for c, upload, seconds, started in together.run(rnd, budget):
                 take(c, upload, seconds, started)
         return bytes_up, bytes_down, weights, losses, parts
+
+    def _messages(self, clients: list[int]) -> list[bytes]:
+        """The round's downlink messages for ``clients`` (trained together), in client order: by Sluice's
+        server each different message encoded once (:meth:`Server.messages`), the same bytes as one by one."""
+        server = self.server
+        if type(server).message is Server.message and hasattr(server, "messages"):
+            return server.messages(clients)
+        return [server.message(c) for c in clients]
 
     def _together(self, sampled: np.ndarray, failed: np.ndarray) -> Together | None:
         """The round's clients that train together (``train.batched_clients``), or None: one by one."""

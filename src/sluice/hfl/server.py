@@ -443,6 +443,13 @@ class Server(UploadInbox):
         msg = self.downlink.message(self._check_client(client_id), self.state.params, self.replayed_velocity())
         return with_buffers(msg, self.buffers)
 
+    def messages(self, client_ids: list[int]) -> list[bytes]:
+        """:meth:`message` for each of ``client_ids`` in turn, with each different message encoded once (a
+        simulator's round: clients with the same base round get the same bytes)."""
+        ids = [self._check_client(c) for c in client_ids]
+        return [with_buffers(m, self.buffers) for m in
+                self.downlink.messages(ids, self.state.params, self.replayed_velocity())]
+
     def resync_message(self) -> bytes:
         """The message that brings a client holding anything (or nothing) to θ_t: the dense model, with the
         replayed velocity when momentum is replayed."""
