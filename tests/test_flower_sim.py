@@ -19,6 +19,7 @@ import torch
 from sluice.flower.failure import records_of
 from sluice.hfl import HFLEngine
 from sluice.jobs import load_job
+from test_flower_run import _flower_processes_of
 
 pytest.importorskip("ray", reason="Flower's Simulation Engine needs sluice[flower] (flwr[simulation])")
 
@@ -26,22 +27,9 @@ JOB = ["data.num_clients=3", "train.participation=1.0", "model.hidden=[32]", "tr
        "compression.up_by_weight=0.5"]
 
 
-def _processes_of(home: Path) -> list[psutil.Process]:
-    """Every process whose environment names ``home`` as Flower's (the SuperLink, its executors, the simulation and
-    the Ray processes it started: they inherit it)."""
-    found = []
-    for p in psutil.process_iter(["pid"]):
-        try:
-            if p.environ().get("FLWR_HOME") == str(home):
-                found.append(p)
-        except psutil.Error:
-            continue
-    return found
-
-
 def _gone(home: Path, wait_s: float) -> list[psutil.Process]:
     end = time.monotonic() + wait_s
-    while (left := _processes_of(home)) and time.monotonic() < end:
+    while (left := _flower_processes_of(home)) and time.monotonic() < end:
         time.sleep(0.5)
     return left
 

@@ -21,7 +21,7 @@ def runs_app(root: str | Path) -> Any:
     """A FastAPI app serving the dashboard of the run directories under ``root``."""
     from fastapi import FastAPI
 
-    from sluice.dashboard.hub import Hub, close_on_exit_signals
+    from sluice.dashboard.hub import Hub, feeding
     from sluice.dashboard.router import build_router, mount_static
     from sluice.dashboard.runs_source import RunsSource
 
@@ -30,13 +30,8 @@ def runs_app(root: str | Path) -> Any:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> Any:
-        source.start()
-        close_on_exit_signals(hub)
-        try:
+        async with feeding(source, hub):
             yield
-        finally:
-            hub.close()
-            source.stop()
 
     app = FastAPI(title="Sluice dashboard", openapi_url=None, docs_url=None, redoc_url=None, lifespan=lifespan)
     app.include_router(build_router(source, hub))

@@ -126,3 +126,15 @@ def close_on_exit_signals(hub: Hub) -> None:
                 signal.raise_signal(signum)
 
         signal.signal(sig, handler)
+
+
+@contextlib.asynccontextmanager
+async def feeding(source: Any, hub: Hub) -> AsyncIterator[None]:
+    """While the app runs: ``source`` publishes into ``hub``, and the hub closes on SIGINT/SIGTERM or at the end."""
+    source.start()
+    close_on_exit_signals(hub)
+    try:
+        yield
+    finally:
+        hub.close()
+        source.stop()

@@ -15,7 +15,6 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from contextlib import asynccontextmanager
 from typing import Any
 
 from sluice.dashboard.views import Columns, budget_of, criteria, estimate_of, point_of_status
@@ -194,22 +193,11 @@ def _running(st: dict[str, Any]) -> dict[str, Any]:
 def mount_service_dashboard(app: Any, service: Any, tokens: Any, base: str) -> Any:
     """Add the dashboard's routes to the service's app (before its catch-all ProvMnS routes); returns a
     context manager to run within the app's lifespan (starts and stops the change feed)."""
-    from sluice.dashboard.hub import Hub, close_on_exit_signals
+    from sluice.dashboard.hub import Hub, feeding
     from sluice.dashboard.router import build_router, mount_static
 
     hub = Hub()
     source = ServiceSource(service, hub.publish)
     app.include_router(build_router(source, hub, tokens, base))
     mount_static(app)
-
-    @asynccontextmanager
-    async def running() -> Any:
-        source.start()
-        close_on_exit_signals(hub)
-        try:
-            yield
-        finally:
-            hub.close()
-            source.stop()
-
-    return running
+    return lambda: feeding(source, hub)
