@@ -16,7 +16,6 @@ from rich.markup import escape
 
 from sluice import __version__
 from sluice.errors import SluiceError
-from sluice.tensorboard import add_option as add_log_to
 from sluice.tensorboard import configure as configure_log_to
 
 from . import certs as _certs
@@ -41,16 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in _COMMANDS:
         module.register(sub)
-    for p in _run_parsers(sub):
-        add_log_to(p)
     return parser
-
-
-def _run_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentParser]:
-    """The commands that train into a run directory: ``run``, ``local`` and ``split run``."""
-    split = sub.choices["split"]
-    nested = next(a for a in split._actions if isinstance(a, argparse._SubParsersAction))
-    return [sub.choices["run"], sub.choices["local"], nested.choices["run"]]
 
 
 def main(argv: list[str] | None = None) -> int:
