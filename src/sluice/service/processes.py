@@ -170,9 +170,10 @@ class ProcessesMixin(ServiceBase):
             return self.upload(ldn, data)
         if phase is Phase.PROPOSED and (neg is not None or new_term is not None):
             self._answer_proposal(ldn, neg, new_term, new_req)
-        elif phase.active and (new_term is not None or new_req is not None):
+        sent = phase.active and (new_term is not None or new_req is not None)
+        if sent:
             self._send_parameters(proc, new_term, replace, new_req)
-        self._store_parameters(ldn, attrs.get("priority"), new_term, new_req)
+        self._store_parameters(ldn, attrs.get("priority"), new_term, new_req, sent=sent)
         if suspend_change:
             self._suspend(ldn, attrs["suspendProcess"])
         if cancel:
@@ -191,21 +192,23 @@ class ProcessesMixin(ServiceBase):
         self._call(proc, cmd, "terminationConditions")
 
     def _store_parameters(self, ldn: str, priority: int | None, new_term: dict[str, Any] | None,
-                          new_req: dict[str, Any] | None) -> None:
-        """Record a changed priority, and new termination parameters or requirements unless the process ended."""
+                          new_req: dict[str, Any] | None, *, sent: bool) -> None:
+        """Record a changed priority, and new termination parameters or requirements: those the worker took
+        (``sent``) even when they ended its run meanwhile, the others unless the process ended."""
         with self.store.write() as tx:
             p = tx.get(ldn)
             assert p is not None
             a: dict[str, Any] = {}
             i: dict[str, Any] = {}
             v: dict[str, Any] = {}
+            keep = sent or _phase(p) is not Phase.ENDED
             if priority is not None and priority != p.attributes.get("priority"):
                 a["priority"] = priority
-            if new_term is not None and _phase(p) is not Phase.ENDED:
+            if new_term is not None and keep:
                 a["terminationConditions"] = brief(parse_termination(new_term))
                 v["sluice-termination"] = new_term
                 i["termination"] = new_term
-            if new_req is not None and _phase(p) is not Phase.ENDED:
+            if new_req is not None and keep:
                 v["sluice-requirements"] = new_req
                 i["requirements"] = new_req
             if a or v or i:

@@ -292,9 +292,10 @@ class RequestsMixin(ServiceBase):
         suspend_change = attrs["suspendRequest"] != old_attrs.get("suspendRequest", False)
         if ended:
             _refuse_on_ended(req, proc, cancel, suspend_change)
-        elif job_changed and _phase(proc).active:
+        sent = not ended and job_changed and _phase(proc).active
+        if sent:
             self._update_running(proc, old_job, new_job)
-        self._store_request(ldn, proc.dn, attrs, vs, new_job, job_changed)
+        self._store_request(ldn, proc.dn, attrs, vs, new_job, job_changed, sent=sent)
         if suspend_change:
             self._suspend(proc.dn, attrs["suspendRequest"])
         if cancel:
@@ -305,9 +306,10 @@ class RequestsMixin(ServiceBase):
         return self.get(ldn)
 
     def _store_request(self, ldn: str, proc_ldn: str, attrs: dict[str, Any], vs: dict[str, Any], job: StoredJob,
-                       job_changed: bool) -> None:
+                       job_changed: bool, *, sent: bool) -> None:
         """Write the request's new attributes, vsData and job; a changed job requeues a pending process with it or
-        gives a running one its termination parameters and requirements."""
+        records the termination parameters and requirements a running one took (``sent``: also when they ended
+        its run meanwhile)."""
         with self.store.write() as tx:
             cur = tx.get(ldn)
             assert cur is not None
@@ -320,7 +322,7 @@ class RequestsMixin(ServiceBase):
             assert p is not None
             if job_changed and _phase(p).pending:
                 self._requeue_with(tx, cur, p, job)
-            elif job_changed and _phase(p).active:
+            elif job_changed and (sent or _phase(p).active):
                 term = job.termination
                 self._set_process(tx, p, vs={k: v for k, v in (
                     ("sluice-termination", term), ("sluice-requirements", job.requirements)) if v is not None},
