@@ -50,13 +50,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from sluice.engine import ClientRound, IterationEvent, Suspendable
+from sluice.engine import ClientRound, Suspendable
 from sluice.errors import ConfigError, DataError, TaskError, TrainingError
 from sluice.flower import protocol as P
 from sluice.flower.rounds import DEFAULT_EMPTY_ROUNDS, Silence, Try, error_text, silent_reason, unavailable
 from sluice.hfl.config import HFLConfig
-from sluice.hfl.engine import ServerModel, client_metrics
 from sluice.hfl.learner import Learner
+from sluice.hfl.rounds import Exchanged, ServerModel, client_metrics
 from sluice.hfl.server import Server
 from sluice.metrics import MetricSpec
 from sluice.tasks import client_datasets, load_task
@@ -224,7 +224,7 @@ class FlowerEngine(ServerModel, Suspendable):
             self.link_lost = True
             raise TrainingError(f"the SuperLink failed ({what}): {type(exc).__name__}: {exc}") from None
 
-    def _exchange(self, messages: list[Any], deadline_s: float) -> list[Any]:
+    def _exchange_messages(self, messages: list[Any], deadline_s: float) -> list[Any]:
         """Push ``messages``; pull replies until all arrived or ``deadline_s`` passed. The reply to each
         message, in order (None where none came)."""
         if not messages:
@@ -308,23 +308,27 @@ class FlowerEngine(ServerModel, Suspendable):
                                     f"SuperNode per terminal with --node-config 'partition-id=<c>'{why}")
             time.sleep(0.5)
 
-    # -- one round ---------------------------------------------------------------------------
-    def iterate(self) -> IterationEvent:
-        self.start()
-        if self._suspended:
-            raise TrainingError("the engine is suspended: resume() it before the next round")
-        t0 = time.perf_counter()
-        tr, server = self.cfg.train, self.server
-        rnd = server.round + 1
-        m = max(1, round(tr.participation * self.n))
-        sampled = np.sort(self._rng.choice(self.n, size=m, replace=False)).tolist()
-        failed = (self._rng.random(m) < tr.dropout).tolist()
+    # -- one round (the loop: sluice.hfl.rounds) ------------------------------------------------
+    def _population(self) -> int:
+        return self.n
+
+    def _broadcast(self, anchor: bytes) -> int:
+        """Every terminal gets the anchor with its next message; counted in the round it is made."""
+        self._anchor = self.server.params.copy(), self.server.replayed_velocity()
+        for c in range(self.n):
+            self._pending.setdefault(c, []).append((self.server.round, anchor))
+        return self.n * len(anchor)
+
+    def _exchange(self, rnd: int, sampled_: np.ndarray, failed_: np.ndarray) -> Exchanged:
+        """Round ``rnd`` over the grid: an empty round (no node answered) is not an iteration, it is sent again
+        to the same terminals (:mod:`sluice.flower.rounds`)."""
+        sampled, failed = sampled_.tolist(), failed_.tolist()
         spent = [0, 0]  # Sluice's and Flower's bytes down of the round's empty tries
-        while True:  # an empty round is not an iteration: it is sent again (sluice.flower.rounds)
+        while True:
             self._discover()
             t = self._try(rnd, sampled, failed)
             if t.out:
-                self._receive(t, self._exchange([msg for _, msg in t.out], t.deadline))
+                self._receive(t, self._exchange_messages([msg for _, msg in t.out], t.deadline))
                 if t.answered:
                     break
             elif self._node_of:
@@ -338,19 +342,11 @@ class FlowerEngine(ServerModel, Suspendable):
             self.silence.empty(rnd, t)  # TrainingError at the limit
         if t.answered:
             self.silence.answered()
-        bytes_down = t.bytes_down + spent[0]
-        broadcast = server.close_round()
-        if broadcast is not None:  # every terminal gets it with its next message
-            self._anchor = server.params.copy(), server.replayed_velocity()
-            for c in range(self.n):
-                self._pending.setdefault(c, []).append((server.round, broadcast))
-            bytes_down += self.n * len(broadcast)
-        metrics: dict[str, float] = {"participants": float(len(t.losses)), "dropped": float(t.dropped),
-                                     "resynced": float(t.resynced), "nodes": float(len(self._node_of)),
-                                     "flower_bytes_up": float(t.flower_up),
-                                     "flower_bytes_down": float(t.flower_down + spent[1])}
-        return self._round_event(rnd, metrics, t.losses, t.weights, t.bytes_up, bytes_down, t0,
-                                 [t.parts[c] for c in sorted(t.parts)])
+        metrics = {"resynced": float(t.resynced), "nodes": float(len(self._node_of)),
+                   "flower_bytes_up": float(t.flower_up), "flower_bytes_down": float(t.flower_down + spent[1])}
+        return Exchanged(bytes_up=t.bytes_up, bytes_down=t.bytes_down + spent[0], weights=t.weights,
+                         losses=t.losses, parts=[t.parts[c] for c in sorted(t.parts)], dropped=t.dropped,
+                         metrics=metrics)
 
     def _try(self, rnd: int, sampled: list[int], failed: list[bool]) -> Try:
         """The messages of round ``rnd`` to the terminals ``sampled`` (``failed``: their simulated failures),

@@ -31,102 +31,28 @@ asked report ``INADEQUATE_TRAINING_DATA`` instead of training.
 from __future__ import annotations
 
 import logging
-import math
 import numbers
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from sluice.engine import ClientRound, IterationEvent, Suspendable
-from sluice.errors import ConfigError, DataError, TaskError, TrainingError
+from sluice.engine import ClientRound, Suspendable
+from sluice.errors import ConfigError, DataError, TaskError
 from sluice.hfl.batched import BatchedFit, Together, pays, unbatchable, untensored
 from sluice.hfl.client import Client
 from sluice.hfl.config import HFLConfig
-from sluice.hfl.fit import StallWatch, fit_compression
 from sluice.hfl.learner import Learner
+from sluice.hfl.rounds import Exchanged, ServerModel, client_metrics
 from sluice.hfl.server import Server
 from sluice.metrics import MetricSpec
-from sluice.models import num_params
 from sluice.tasks import Task, client_datasets, load_task
 from sluice.tasks.resolve import Federation
 from sluice.tasks.task import batch, sample_shape
 from sluice.wire.state import field, pack, unpack
 
 logger = logging.getLogger(__name__)
-
-
-def client_metrics(train_loss: float | None) -> dict[str, float]:
-    """What a client reports beside its upload, as its :class:`~sluice.engine.ClientRound` metrics."""
-    return {} if train_loss is None else {"train_loss": float(train_loss)}
-
-
-class ServerModel:
-    """``save``, ``params``, ``num_params`` and the round's event of an HFL engine, whose server half holds
-    the model: the engine's ``start`` builds ``server`` (its ``params``, ``buffers`` and ``round``),
-    ``learner`` (the task's model on the device, :class:`~sluice.hfl.learner.Learner`) and ``data``, ``cfg`` is
-    its :class:`HFLConfig`, and ``_evaluate()`` gives the server model's test metrics."""
-
-    _notes: list[str]
-    _watch: StallWatch | None = None
-
-    def _fit(self, task: Task, learner: Learner) -> HFLConfig:
-        """The configuration with the compression fitted to ``task`` (:func:`sluice.hfl.fit.fit_compression`),
-        which becomes the engine's; starts the run's notes and its :class:`~sluice.hfl.fit.StallWatch`."""
-        self.cfg, self._notes = fit_compression(self.cfg, task, learner.model)
-        c = self.cfg.compression
-        self._watch = StallWatch(task, compressed=c.up != "dense" or c.down != "dense")
-        return self.cfg
-
-    def notes(self) -> list[str]:
-        """What the engine chose for this task, or noticed while training, in the order it said it."""
-        return list(getattr(self, "_notes", []))
-
-    def save(self, path: str | Path) -> str:
-        """The server model as a CPU ``state_dict`` (loads into the task's model on any device), with its flat
-        parameters, the task's name and the round, by ``torch.save``."""
-        self.start()
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.learner.load(self.server.params, self.server.buffers)
-        state = {k: v.detach().cpu().clone() for k, v in self.learner.model.state_dict().items()}
-        torch.save({"state_dict": state, "params": torch.from_numpy(self.server.params.copy()),
-                    "task": self.data.name, "round": self.server.round}, path)
-        return str(path)
-
-    @property
-    def params(self) -> np.ndarray:
-        """The server model."""
-        self.start()
-        return self.server.params
-
-    @property
-    def num_params(self) -> int:
-        self.start()
-        return num_params(self.learner.model)
-
-    def _round_event(self, rnd: int, metrics: dict[str, float], losses: list[float], weights: list[float],
-                     bytes_up: int, bytes_down: int, t0: float,
-                     clients: list[ClientRound] | None = None) -> IterationEvent:
-        """Round ``rnd``'s event: ``metrics`` plus the clients' train loss (weighted by ``weights``) and,
-        every ``train.eval_every`` rounds, the engine's ``_evaluate()``, with each sampled client's part
-        (``clients``); DIVERGED when a loss is not finite."""
-        if losses and sum(weights) > 0:
-            metrics["train_loss"] = float(np.average(losses, weights=weights))
-        if rnd % self.cfg.train.eval_every == 0:
-            metrics.update(self._evaluate())
-            note = self._watch.observe(rnd, metrics) if self._watch is not None else None
-            if note:
-                self._notes.append(note)
-        anomaly, detail = None, ""
-        bad = [k for k in ("train_loss", "test_loss") if k in metrics and not math.isfinite(metrics[k])]
-        if bad:
-            anomaly, detail = "DIVERGED", f"{bad[0]} is {metrics[bad[0]]} at round {rnd}"
-        return IterationEvent(iteration=rnd, metrics=metrics, bytes_up=bytes_up, bytes_down=bytes_down,
-                              seconds=time.perf_counter() - t0, anomaly=anomaly, detail=detail,
-                              clients=list(clients or []))
 
 
 class HFLEngine(ServerModel, Suspendable):
@@ -350,42 +276,27 @@ class HFLEngine(ServerModel, Suspendable):
             scratch.iterate()
         return (time.perf_counter() - t0) / max(1, iterations)
 
-    # -- one round ---------------------------------------------------------------------------
-    def iterate(self) -> IterationEvent:
-        self.start()
-        if self._suspended:
-            raise TrainingError("the engine is suspended: resume() it before the next round")
-        tr, data, server = self.cfg.train, self.data, self.server
-        t0 = time.perf_counter()
+    # -- one round (the loop: sluice.hfl.rounds) ------------------------------------------------
+    def _refusal(self) -> tuple[str, str] | None:
         have = self.num_samples
         if have < self._min_samples:
-            return IterationEvent(
-                iteration=server.round, seconds=time.perf_counter() - t0, anomaly="INADEQUATE_TRAINING_DATA",
-                detail=f"the clients hold {have} training samples, at least {self._min_samples} needed")
-        rnd = server.round + 1
-        n = len(data.clients)
-        m = max(1, round(tr.participation * n))
-        sampled = np.sort(self._rng.choice(n, size=m, replace=False))
-        failed = self._rng.random(m) < tr.dropout
-        sizes = data.sizes
-        bytes_up, bytes_down, weights, losses, parts = self._clients_round(rnd, sampled, failed, sizes)
-        broadcast = server.close_round()
-        if broadcast is not None:  # every client patches its copy of the last anchor
-            for client in self.clients:
-                client.receive_anchor(broadcast)
-            bytes_down += n * len(broadcast)
-        metrics: dict[str, float] = {"participants": float(len(losses)), "dropped": float(int(failed.sum()))}
-        return self._round_event(rnd, metrics, losses, weights, bytes_up, bytes_down, t0, parts)
+            return "INADEQUATE_TRAINING_DATA", (f"the clients hold {have} training samples, at least "
+                                                f"{self._min_samples} needed")
+        return None
 
-    def _clients_round(self, rnd: int, sampled: np.ndarray, failed: np.ndarray,
-                       sizes: list[int]) -> tuple[int, int, list[float], list[float], list[ClientRound]]:
-        """The sampled clients' part of round ``rnd`` (``sizes``: every client's samples): each gets its message,
-        trains (one by one, or together: :mod:`sluice.hfl.batched`) and uploads. Returns the bytes up and
-        down, the weights and train losses of the uploads, and each sampled client's part."""
-        server, data = self.server, self.data
-        bytes_up = bytes_down = 0
-        weights, losses = [], []
-        parts: list[ClientRound] = []
+    def _population(self) -> int:
+        return len(self.data.clients)
+
+    def _broadcast(self, anchor: bytes) -> int:
+        for client in self.clients:  # every client patches its copy of the last anchor
+            client.receive_anchor(anchor)
+        return len(self.clients) * len(anchor)
+
+    def _exchange(self, rnd: int, sampled: np.ndarray, failed: np.ndarray) -> Exchanged:
+        """The sampled clients' part of round ``rnd``: each gets its message, trains (one by one, or together:
+        :mod:`sluice.hfl.batched`) and uploads, in client order."""
+        server, data, sizes = self.server, self.data, self.data.sizes
+        got = Exchanged(dropped=int(failed.sum()))
         budget = {}  # k/d per upload, only when the budget follows the clients' weights
         if self.cfg.compression.weighted_uploads:
             shares = self.cfg.compression.up_shares([sizes[c] for c in sampled.tolist()])
@@ -393,20 +304,20 @@ class HFLEngine(ServerModel, Suspendable):
         together = self._together(sampled, failed)
 
         def take(c: int, upload: bytes, seconds: float, started: float) -> None:
-            nonlocal bytes_up
-            parts[slot[c]] = ClientRound(c, int(sizes[c]), seconds, started, client_metrics(self.clients[c].train_loss))
-            bytes_up += len(upload)
+            got.parts[slot[c]] = ClientRound(c, int(sizes[c]), seconds, started,
+                                             client_metrics(self.clients[c].train_loss))
+            got.bytes_up += len(upload)
             server.receive(c, upload, float(sizes[c]))
-            weights.append(float(sizes[c]))
-            losses.append(self.clients[c].train_loss)
+            got.weights.append(float(sizes[c]))
+            got.losses.append(self.clients[c].train_loss)
 
         slot = {c: i for i, c in enumerate(sampled.tolist())}
         msgs = self._messages(sampled.tolist()) if together is not None else None
         for i, (c, fails) in enumerate(zip(sampled.tolist(), failed.tolist(), strict=True)):
             msg = server.message(c) if msgs is None else msgs[i]
-            bytes_down += len(msg)
+            got.bytes_down += len(msg)
             client = self.clients[c]
-            parts.append(ClientRound(c, dropped=True))
+            got.parts.append(ClientRound(c, dropped=True))
             if fails:  # it received the model, then failed before uploading
                 client.sync(msg)
             elif together is not None:  # it trains below, together with the round's other clients
@@ -418,7 +329,7 @@ class HFLEngine(ServerModel, Suspendable):
         if together is not None:  # uploads in client order, as one by one
             for c, upload, seconds, started in together.run(rnd, budget):
                 take(c, upload, seconds, started)
-        return bytes_up, bytes_down, weights, losses, parts
+        return got
 
     def _messages(self, clients: list[int]) -> list[bytes]:
         """The round's downlink messages for ``clients`` (trained together), in client order: by Sluice's
