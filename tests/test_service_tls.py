@@ -48,13 +48,14 @@ def test_https_with_the_test_ca(tmp_path: Path, pki: tuple[CertFiles, CertFiles]
         recv = Receiver(recv_ctx)
         try:
             with ProvMnSClient(url, ca_file=ca) as c:
-                c.subscribe("S-tls", recv.url)
+                c.subscriptions.add("S-tls", recv.url)
                 assert recv.url.startswith("https://")
-                c.http.put(c.uri(c.request_ldn("Rt")), json=request_body("Rt", attributes={"suspendRequest": True}))
+                body = request_body("Rt", attributes={"suspendRequest": True})
+                c.http.put(c.at.uri(c.at.request_ldn("Rt")), json=body)
                 recv.wait(lambda n: n["notificationType"] == "notifyMOICreation"
                           and n["href"].endswith("MLTrainingRequest=Rt"))
                 assert recv.got[0]["href"].startswith("https://127.0.0.1:")
-                c.unsubscribe("S-tls")
+                c.subscriptions.remove("S-tls")
         finally:
             recv.close()
 

@@ -23,6 +23,7 @@ import re
 import ssl
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -111,6 +112,49 @@ def vs_of(resource: dict[str, Any], cid: str) -> Any:
     return None
 
 
+@dataclass(frozen=True)
+class MnSAddress:
+    """Where a producer's resources are: the ProvMnS base URI (``…/ProvMnS/<version>``), the LDN of its
+    ``MLTrainingFunction`` and of the SubNetwork above it, and the LDNs and URIs of what a consumer names."""
+
+    url: str
+    base: str
+    function: str
+    subnetwork: str
+
+    @classmethod
+    def parse(cls, url: str) -> MnSAddress:
+        """The address of the ``MLTrainingFunction`` URI ``url`` (SluiceError if it is not one)."""
+        url = url.rstrip("/")
+        marker = url.find("/ProvMnS/")
+        if marker < 0:
+            raise SluiceError(f"{url} is not a ProvMnS URI (…/ProvMnS/<version>/SubNetwork=…/MLTrainingFunction=…)")
+        rest = url[marker + len("/ProvMnS/"):]
+        version, _, ldn = rest.partition("/")
+        if not ldn or "MLTrainingFunction=" not in ldn.rpartition("/")[2]:
+            raise SluiceError(f"{url} does not name an MLTrainingFunction (…/SubNetwork=SN1/MLTrainingFunction=TF1)")
+        return cls(url, url[:marker] + "/ProvMnS/" + version, ldn, ldn.rpartition("/")[0])
+
+    def uri(self, ldn: str) -> str:
+        return f"{self.base}/{quote(ldn, safe='/=,:~.-_')}"
+
+    def dn_uri(self, dn: str) -> str:
+        """The URI a DN (``*Ref`` attribute) resolves to."""
+        return self.uri(",".join(p.strip() for p in dn.split(",")).replace(",", "/"))
+
+    def request_ldn(self, rid: str) -> str:
+        return f"{self.function}/MLTrainingRequest={rid}"
+
+    def request_dn(self, rid: str) -> str:
+        return ",".join(self.request_ldn(rid).split("/"))
+
+    def process_ldn(self, pid: str) -> str:
+        return f"{self.function}/MLTrainingProcess={pid}"
+
+    def subscription_ldn(self, sid: str) -> str:
+        return f"{self.subnetwork}/NtfSubscriptionControl={sid}"
+
+
 class ProvMnSClient:
     """One producer's ProvMnS interface (see the module docstring)."""
 
@@ -121,21 +165,12 @@ class ProvMnSClient:
         (all three configure the client this builds; with ``client`` give none of them)."""
         if client is not None and (token or ca_file or client_cert):
             raise SluiceError("give either an httpx client or token/ca_file/client_cert, not both")
-        url = url.rstrip("/")
-        marker = url.find("/ProvMnS/")
-        if marker < 0:
-            raise SluiceError(f"{url} is not a ProvMnS URI (…/ProvMnS/<version>/SubNetwork=…/MLTrainingFunction=…)")
-        rest = url[marker + len("/ProvMnS/"):]
-        version, _, ldn = rest.partition("/")
-        if not ldn or "MLTrainingFunction=" not in ldn.rpartition("/")[2]:
-            raise SluiceError(f"{url} does not name an MLTrainingFunction (…/SubNetwork=SN1/MLTrainingFunction=TF1)")
-        self.url = url
-        self.base = url[:marker] + "/ProvMnS/" + version
-        self.function = ldn
-        self.subnetwork = ldn.rpartition("/")[0]
+        self.at = MnSAddress.parse(url)
+        self.url = self.at.url
         headers = {"Authorization": f"Bearer {token}"} if token else None
         self.http = client or httpx.Client(timeout=timeout, trust_env=False, headers=headers,
                                            verify=tls_context(ca_file, client_cert))
+        self.subscriptions = Subscriptions(self)
 
     def close(self) -> None:
         self.http.close()
@@ -147,13 +182,6 @@ class ProvMnSClient:
         self.close()
 
     # ------------------------------------------------------------------ plumbing
-    def uri(self, ldn: str) -> str:
-        return f"{self.base}/{quote(ldn, safe='/=,:~.-_')}"
-
-    def dn_uri(self, dn: str) -> str:
-        """The URI a DN (``*Ref`` attribute) resolves to."""
-        return self.uri(",".join(p.strip() for p in dn.split(",")).replace(",", "/"))
-
     def _send(self, method: str, url: str, what: str, **kw: Any) -> httpx.Response:
         try:
             resp = self.http.request(method, url, **kw)
@@ -168,43 +196,34 @@ class ProvMnSClient:
         return resp
 
     def get(self, ldn: str, **params: Any) -> dict[str, Any]:
-        return self._send("GET", self.uri(ldn), f"GET {ldn}", params=params or None).json()
-
-    def get_dn(self, dn: str) -> dict[str, Any]:
-        return self._send("GET", self.dn_uri(dn), f"GET {dn}").json()
+        return self._send("GET", self.at.uri(ldn), f"GET {ldn}", params=params or None).json()
 
     def patch(self, ldn: str, body: dict[str, Any]) -> dict[str, Any]:
-        resp = self._send("PATCH", self.uri(ldn), f"PATCH {ldn}", json=body, headers={"Content-Type": MERGE})
+        resp = self._send("PATCH", self.at.uri(ldn), f"PATCH {ldn}", json=body, headers={"Content-Type": MERGE})
         return resp.json() if resp.content else {}
-
-    def request_ldn(self, rid: str) -> str:
-        return f"{self.function}/MLTrainingRequest={rid}"
-
-    def _request_dn(self, rid: str) -> str:
-        return ",".join(self.request_ldn(rid).split("/"))
 
     # ------------------------------------------------------------------ requests
     def create(self, doc: dict[str, Any], request_id: str | None = None) -> dict[str, Any]:
         """Create a request from a job document; PUT when it has an id, else POST (the producer names it)."""
         body = request_body(doc, request_id)
         if "id" in body:
-            return self._send("PUT", self.uri(self.request_ldn(body["id"])), "create request", json=body).json()
-        return self._send("POST", self.uri(self.function), "create request", json=body).json()
+            return self._send("PUT", self.at.uri(self.at.request_ldn(body["id"])), "create request", json=body).json()
+        return self._send("POST", self.at.uri(self.at.function), "create request", json=body).json()
 
     def tree(self) -> dict[str, Any]:
-        return self.get(self.function, scope='{"scopeType":"BASE_NTH_LEVEL","scopeLevel":1}')
+        return self.get(self.at.function, scope='{"scopeType":"BASE_NTH_LEVEL","scopeLevel":1}')
 
     def requests(self) -> list[dict[str, Any]]:
         return list(self.tree().get("MLTrainingRequest", []))
 
     def request(self, rid: str) -> dict[str, Any]:
-        return self.get(self.request_ldn(rid))
+        return self.get(self.at.request_ldn(rid))
 
     def processes(self, rid: str, tree: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """The request's training processes, oldest first (from ``tree``, a listing of the function, when
         given; else fetched by id, see :meth:`snapshot`)."""
         if tree is not None:
-            return _of_request(tree, self._request_dn(rid))
+            return _of_request(tree, self.at.request_dn(rid))
         return self.snapshot(rid)[1]
 
     def snapshot(self, rid: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
@@ -212,7 +231,7 @@ class ProvMnSClient:
         that asks for them by id: a Sluice producer names a request's processes ``<request id>-1``, ``-2``…
         (so what is fetched does not grow with the producer's other requests). Where no process answers to
         these names, the producer names them otherwise: every process is listed and filtered here."""
-        dn = self._request_dn(rid)
+        dn = self.at.request_dn(rid)
         base = _UNSAFE_ID.sub("_", rid) or "_"
         req: dict[str, Any] | None = None
         found: list[dict[str, Any]] = []
@@ -221,7 +240,7 @@ class ProvMnSClient:
             names = [f"MLTrainingProcess={base}-{n}" for n in range(start, start + NAMED_BATCH)]
             if start == 1:
                 names.insert(0, f"MLTrainingRequest={rid}")
-            tree = self.get(self.function, scopeType="BASE_NTH_LEVEL", scopeLevel=1, filter="|".join(names))
+            tree = self.get(self.at.function, scopeType="BASE_NTH_LEVEL", scopeLevel=1, filter="|".join(names))
             if start == 1:
                 req = next(iter(tree.get("MLTrainingRequest") or []), None)
             got = tree.get("MLTrainingProcess") or []
@@ -230,7 +249,7 @@ class ProvMnSClient:
                 break
             start += NAMED_BATCH
         if req is not None and not found:
-            found = _of_request(self.get(self.function, scopeType="BASE_NTH_LEVEL", scopeLevel=1,
+            found = _of_request(self.get(self.at.function, scopeType="BASE_NTH_LEVEL", scopeLevel=1,
                                          filter="MLTrainingProcess"), dn)
         return req, found
 
@@ -240,9 +259,6 @@ class ProvMnSClient:
         if not procs:
             raise SluiceError(f"request {rid} has no training process")
         return procs[-1]
-
-    def process_ldn(self, rid: str) -> str:
-        return f"{self.function}/MLTrainingProcess={self.process(rid)['id']}"
 
     def modify(self, rid: str, *, termination: dict[str, Any] | None = None,
                requirements: dict[str, Any] | None = None, attributes: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -256,22 +272,22 @@ class ProvMnSClient:
         body: dict[str, Any] = {"attributes": attributes or {}}
         if vs:
             body["VsDataContainer"] = vs
-        return self.patch(self.request_ldn(rid), body)
+        return self.patch(self.at.request_ldn(rid), body)
 
     def cancel(self, rid: str) -> dict[str, Any]:
-        return self.patch(self.request_ldn(rid), {"attributes": {"cancelRequest": True}})
+        return self.patch(self.at.request_ldn(rid), {"attributes": {"cancelRequest": True}})
 
     def suspend(self, rid: str) -> dict[str, Any]:
-        return self.patch(self.request_ldn(rid), {"attributes": {"suspendRequest": True}})
+        return self.patch(self.at.request_ldn(rid), {"attributes": {"suspendRequest": True}})
 
     def resume(self, rid: str) -> dict[str, Any]:
-        return self.patch(self.request_ldn(rid), {"attributes": {"suspendRequest": False}})
+        return self.patch(self.at.request_ldn(rid), {"attributes": {"suspendRequest": False}})
 
     def delete(self, rid: str) -> None:
-        self._send("DELETE", self.uri(self.request_ldn(rid)), f"delete request {rid}")
+        self._send("DELETE", self.at.uri(self.at.request_ldn(rid)), f"delete request {rid}")
 
     def set_priority(self, rid: str, priority: int) -> dict[str, Any]:
-        return self.patch(self.process_ldn(rid), {"attributes": {"priority": int(priority)}})
+        return self.patch(self.at.process_ldn(self.process(rid)["id"]), {"attributes": {"priority": int(priority)}})
 
     def accept(self, rid: str, changes: dict[str, Any] | None = None) -> dict[str, Any]:
         """Answer the producer's proposal: accept it, or modify it with ``changes`` (merged into it)."""
@@ -279,7 +295,7 @@ class ProvMnSClient:
             vs = [{"id": "sluice-termination", "attributes": {"vsData": changes}}]
         else:
             vs = [{"id": "sluice-negotiation", "attributes": {"vsData": {"accept": True}}}]
-        return self.patch(self.process_ldn(rid), {"VsDataContainer": vs})
+        return self.patch(self.at.process_ldn(self.process(rid)["id"]), {"VsDataContainer": vs})
 
     def upload(self, rid: str, X: Any, y: Any, client: int | None = None) -> dict[str, Any]:
         """Training data for the request's process (arrays or lists); an ended process retrains with it."""
@@ -288,12 +304,12 @@ class ProvMnSClient:
         data: dict[str, Any] = {"X": np.asarray(X, dtype=float).tolist(), "y": np.asarray(y).tolist()}
         if client is not None:
             data["client"] = int(client)
-        return self.patch(self.process_ldn(rid), {"VsDataContainer": [{"id": "sluice-data",
+        return self.patch(self.at.process_ldn(self.process(rid)["id"]), {"VsDataContainer": [{"id": "sluice-data",
                                                                        "attributes": {"vsData": data}}]})
 
     def feedback(self, rid: str, metric: str, value: float) -> dict[str, Any]:
         """Report how the model performs in use; the answer is the request's ``sluice-trigger``."""
-        out = self.patch(self.request_ldn(rid), {"VsDataContainer": [
+        out = self.patch(self.at.request_ldn(rid), {"VsDataContainer": [
             {"id": "sluice-feedback", "attributes": {"vsData": {"metric": metric, "value": float(value)}}}]})
         return vs_of(out, "sluice-trigger") or {}
 
@@ -304,21 +320,21 @@ class ProvMnSClient:
         if not ref:
             raise SluiceError(f"request {rid} has no report yet (its process is "
                               f"{proc['attributes']['progressStatus']['status']})")
-        return self.get_dn(ref)
+        return self._send("GET", self.at.dn_uri(ref), f"GET {ref}").json()
 
     def model(self, rid: str) -> dict[str, Any]:
         rep = self.report(rid)
         ref = rep["attributes"].get("mLModelGeneratedRef")
         if not ref:
             raise SluiceError(f"request {rid} produced no model ({(vs_of(rep, 'sluice-report') or {}).get('cause')})")
-        return self.get_dn(ref)
+        return self._send("GET", self.at.dn_uri(ref), f"GET {ref}").json()
 
     def download_model(self, rid: str, path: str | Path) -> Path:
         rep = self.report(rid)
         ref = rep["attributes"].get("mLModelGeneratedRef")
         if not ref:
             raise SluiceError(f"request {rid} produced no model")
-        resp = self._send("GET", self.dn_uri(ref), "download model", headers={"Accept": "application/octet-stream"})
+        resp = self._send("GET", self.at.dn_uri(ref), "download model", headers={"Accept": "application/octet-stream"})
         p = Path(path)
         p.write_bytes(resp.content)
         return p
@@ -353,9 +369,18 @@ class ProvMnSClient:
             last = snapshot
         return last
 
-    # ------------------------------------------------------------------ subscriptions
-    def subscribe(self, sid: str, address: str, types: list[str] | None = None,
-                  scope: dict[str, Any] | None = None, notification_filter: str | None = None) -> dict[str, Any]:
+
+
+class Subscriptions:
+    """A producer's notification subscriptions (``NtfSubscriptionControl`` under its SubNetwork)."""
+
+    def __init__(self, client: ProvMnSClient) -> None:
+        self.client = client
+
+    def add(self, sid: str, address: str, types: list[str] | None = None,
+            scope: dict[str, Any] | None = None, notification_filter: str | None = None) -> dict[str, Any]:
+        """Subscribe ``address`` to the producer's notifications (by default of creations, attribute value
+        changes and deletions), under the id ``sid``."""
         attrs: dict[str, Any] = {"notificationRecipientAddress": address,
                                  "notificationTypes": types or ["notifyMOICreation",
                                                                 "notifyMOIAttributeValueChanges",
@@ -364,8 +389,10 @@ class ProvMnSClient:
             attrs["scope"] = scope
         if notification_filter is not None:
             attrs["notificationFilter"] = notification_filter
-        ldn = f"{self.subnetwork}/NtfSubscriptionControl={sid}"
-        return self._send("PUT", self.uri(ldn), "subscribe", json={"id": sid, "attributes": attrs}).json()
+        c = self.client
+        return c._send("PUT", c.at.uri(c.at.subscription_ldn(sid)), "subscribe",
+                       json={"id": sid, "attributes": attrs}).json()
 
-    def unsubscribe(self, sid: str) -> None:
-        self._send("DELETE", self.uri(f"{self.subnetwork}/NtfSubscriptionControl={sid}"), "unsubscribe")
+    def remove(self, sid: str) -> None:
+        c = self.client
+        c._send("DELETE", c.at.uri(c.at.subscription_ldn(sid)), "unsubscribe")
