@@ -11,19 +11,16 @@ import pytest
 import torch
 
 from sluice.compress import device as dev
-from sluice.compress.codecs import (
-    add_estimate,
+from sluice.compress.estimate import add_estimate, decode_estimate, to_dense, topk_indices
+from sluice.compress.stages import cast as cast_stage
+from sluice.compress.stages import (
     chain,
-    decode_estimate,
     error_feedback,
     keep_probabilities,
     sample,
     to_bytes,
-    to_dense,
     topk,
-    topk_indices,
 )
-from sluice.compress.codecs import cast as cast_stage
 from sluice.hfl.config import CompressionConfig
 from sluice.hfl.server import aggregate
 from sluice.wire.vector import decode

@@ -25,7 +25,7 @@ from sluice.compress import (
     value_type,
     zstd,
 )
-from sluice.compress.codecs import quantize_sign
+from sluice.compress.values import quantize_sign
 from sluice.errors import ConfigError, WireError
 from sluice.hfl.config import CompressionConfig
 from sluice.wire.vector import FLAG_ZSTD, DensePayload, SketchPayload, SparsePayload, decode, encode

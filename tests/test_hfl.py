@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sluice.compress.codecs import topk
+from sluice.compress.stages import topk
 from sluice.config import load_config
 from sluice.errors import ConfigError
 from sluice.hfl import HFLEngine

@@ -3,7 +3,7 @@
 * Rare participation (100 clients, q = 0.1): a top-k client sends the mass it has and keeps the rest in a
   residual that only its next participation can deliver; over a run a client takes part a dozen times, so
   what the server receives stays biased however many clients there are. The sampled upload
-  (:func:`sluice.compress.codecs.sample`) is unbiased with variance far below rand-k's: its error falls as
+  (:func:`sluice.compress.stages.sample`) is unbiased with variance far below rand-k's: its error falls as
   more clients are averaged. Its values below the cap are ±λ and travel as signs; with
   ``compression.up_sure_fp16`` the coordinates kept for sure travel apart in fp16, since rounded to ±λ they
   hold back most of a large upload's energy.
@@ -22,15 +22,15 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from sluice.compress.codecs import (
+from sluice.compress.codecs import make_uplink
+from sluice.compress.estimate import to_dense
+from sluice.compress.stages import (
     cast,
     error_feedback,
     keep_probabilities,
-    make_uplink,
     randk,
     sample,
     sample_signs,
-    to_dense,
     topk,
 )
 from sluice.config import load_config

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sluice.compress.codecs import count_sketch
+from sluice.compress.stages import count_sketch
 from sluice.config import load_config
 from sluice.errors import WireError
 from sluice.hfl import HFLEngine

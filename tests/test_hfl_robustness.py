@@ -15,7 +15,8 @@ import math
 import numpy as np
 import pytest
 
-from sluice.compress.codecs import cast, error_feedback, randk, to_dense, topk
+from sluice.compress.estimate import to_dense
+from sluice.compress.stages import cast, error_feedback, randk, topk
 from sluice.config import load_config
 from sluice.errors import WireError
 from sluice.hfl import HFLEngine

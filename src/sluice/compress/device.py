@@ -1,11 +1,11 @@
 """The uplink compressors' and the aggregation's arithmetic on a torch device (a CUDA GPU).
 
 A client that trains on a GPU keeps its update Δ there: :func:`keep_probabilities` and :func:`topk_indices`
-find what a :func:`~sluice.compress.codecs.sample` or :func:`~sluice.compress.codecs.topk` upload keeps, the
+find what a :func:`~sluice.compress.stages.sample` or :func:`~sluice.compress.stages.topk` upload keeps, the
 keep draws are made there, and an error-feedback residual stays there between rounds; only the ``k`` kept
 indices and values come to the CPU, where they are rounded and encoded exactly as on the CPU path. The
-server adds each decoded upload into an aggregate on its device (:func:`sluice.compress.codecs.add_estimate`).
-The formulas are those of :mod:`sluice.compress.codecs` (same selection, same probabilities, same ties to
+server adds each decoded upload into an aggregate on its device (:func:`sluice.compress.estimate.add_estimate`).
+The formulas are those of :mod:`sluice.compress.stages` (same selection, same probabilities, same ties to
 the lower index); only the keep draws come from a ``torch.Generator`` seeded from the compressor's ``rng``
 instead of from ``rng`` itself, so a GPU client's upload is as likely as a CPU client's but not the same
 one. Saved states hold numpy arrays (:func:`to_host`). Imported only where a
@@ -36,7 +36,7 @@ def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def keep_probabilities(x: torch.Tensor, k: int) -> torch.Tensor:
-    """:func:`sluice.compress.codecs.keep_probabilities` on ``x``'s device: ``p_i = min(1, |x_i| / λ)`` with
+    """:func:`sluice.compress.stages.keep_probabilities` on ``x``'s device: ``p_i = min(1, |x_i| / λ)`` with
     ``Σ p_i = k``; non-finite values are kept for sure."""
     a = x.detach().abs().double()
     bad = ~torch.isfinite(a)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from sluice.data.config import DataConfig
 from sluice.schema import DEVICE_PATTERN, Section
@@ -55,6 +55,10 @@ class TrainConfig(Section):
 class CompressionConfig(Section):
     up: Literal["dense", "randk", "topk", "sample", "sketch"] = Field(
         "sample", description="upload compressor: unbiased importance sample, top-k, rand-k, count sketch or dense")
+    uplink: str | None = Field(None, description="package.module:function returning your own upload compressor (a "
+                               "sluice.compress Stage chain or Compressor), called with this [compression] section; "
+                               "replaces up, up_values, up_feedback, up_sure_fp16, lossless and sketch_*; up_ratio "
+                               "(each upload's k/d, split by up_by_weight) reaches it in the section it gets")
     up_ratio: float = Field(0.02, gt=0, le=1, description="k/d for rand-k, top-k and sample uploads (expected k "
                                                           "for sample)")
     up_values: Literal["auto", "fp32", "fp16", "int8", "sign"] = Field(
@@ -112,10 +116,18 @@ class CompressionConfig(Section):
                                   "initial model or the last anchor, or the dense model")
     anchor_every: int = Field(10, ge=1, description="rounds between anchors (downlink anchor)")
 
+    @field_validator("uplink")
+    @classmethod
+    def _reference(cls, ref: str | None) -> str | None:
+        if ref is not None and (":" not in ref or not all(ref.partition(":")[::2])):
+            raise ValueError("must be 'package.module:function'")
+        return ref
+
     @property
     def weighted_uploads(self) -> bool:
-        """Whether the uploads are sized by weight: ``up_by_weight > 0`` with randk, topk or sample uploads."""
-        return self.up_by_weight > 0 and self.up in ("randk", "topk", "sample")
+        """Whether the uploads are sized by weight: ``up_by_weight > 0`` with randk, topk or sample uploads, or
+        with the user's ``uplink`` (which reads its share as ``up_ratio``)."""
+        return self.up_by_weight > 0 and (self.uplink is not None or self.up in ("randk", "topk", "sample"))
 
     def up_shares(self, sizes: list[float]) -> list[float]:
         """k/d of each upload in a round whose sampled clients hold ``sizes`` samples (their aggregation

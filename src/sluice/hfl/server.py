@@ -95,14 +95,8 @@ from typing import Any
 import numpy as np
 
 from sluice.compress import topk_indices, value_type
-from sluice.compress.codecs import (
-    QUANTIZERS,
-    VALUE_TYPES,
-    ValueType,
-    add_estimate,
-    decode_estimate,
-    to_dense,
-)
+from sluice.compress.estimate import add_estimate, decode_estimate, to_dense
+from sluice.compress.values import QUANTIZERS, VALUE_TYPES, ValueType
 from sluice.errors import ConfigError, DataError, TrainingError, WireError
 from sluice.hfl.config import HFLConfig
 from sluice.hfl.downlink import Downlink
@@ -154,7 +148,7 @@ def init_server(params: np.ndarray) -> ServerState:
 
 def aggregate(estimates: list[Any], weights: list[float], d: int, device: Any = None) -> np.ndarray:
     """Weighted average of update estimates (dense vectors, or decoded uploads whose entries alone are added:
-    :func:`~sluice.compress.codecs.add_estimate`); zeros when nothing arrived. With a torch ``device`` the sum
+    :func:`~sluice.compress.estimate.add_estimate`); zeros when nothing arrived. With a torch ``device`` the sum
     is made there (a GPU's), then returned as numpy."""
     if device is None:
         g = np.zeros(d, dtype=np.float64)
@@ -252,7 +246,7 @@ def server_step(
     ``idx`` is the top-k of ``acc`` less the coordinates with nothing to move (zero accumulated and zero
     velocity, e.g. frozen layers). The step ``s = round(lr·G·acc[idx] + rho·velocity[idx])`` is a sparse
     payload of value type ``values`` (fp16 values are clipped to its range; int8 values and signs carry a
-    per-step scale, :func:`sluice.compress.codecs.quantize_int8`, :func:`sluice.compress.codecs.quantize_sign`)
+    per-step scale, :func:`sluice.compress.values.quantize_int8`, :func:`sluice.compress.values.quantize_sign`)
     and
     ``params[idx] += float_values(s)`` in float32: a client that adds the same steps in the same order
     holds the same model bit for bit. ``state.momentum`` holds the velocity (the last applied step of each

@@ -103,7 +103,7 @@ class SparsePayload:
     """``k`` values at ``k`` of ``d`` coordinates; the receiver's estimate is ``scale * values`` there.
 
     Exactly one of ``indices`` (sorted, unique, in ``[0, d)``) and ``seed`` (uint64; the receiver
-    regenerates the indices with :func:`sluice.compress.codecs.randk_indices` ``(d, k, seed)``) is given.
+    regenerates the indices with :func:`sluice.compress.estimate.randk_indices` ``(d, k, seed)``) is given.
     ``values`` are float16/float32, or int8 standing for ``vscale * values`` (:func:`float_values`).
     """
 

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import numpy as np
 from torch.utils.data import Dataset
 
-from sluice.compress.codecs import to_dense, topk_indices
+from sluice.compress.estimate import to_dense, topk_indices
 from sluice.errors import WireError
 from sluice.hfl.baselines._common import _count, _PeerClient, _PeerServer, _vector_state
 from sluice.hfl.config import HFLConfig

@@ -24,7 +24,8 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from torch.utils.data import Dataset
 
-from sluice.compress.codecs import count_sketch, sketch_hashes, topk_indices
+from sluice.compress.estimate import sketch_hashes, topk_indices
+from sluice.compress.stages import count_sketch
 from sluice.errors import WireError
 from sluice.hfl.baselines._common import _count, _down_share, _PeerClient, _PeerServer, _SyncTracker, _vector_state
 from sluice.hfl.config import HFLConfig

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 import numpy as np
 from torch.utils.data import Dataset
 
-from sluice.compress.codecs import topk_indices
+from sluice.compress.estimate import topk_indices
 from sluice.errors import WireError
 from sluice.hfl.baselines._common import _ChainClient, _count, _down_share, _PeerServer, _UpdateCache, _vector_state
 from sluice.hfl.config import HFLConfig
