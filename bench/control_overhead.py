@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from sluice.config import load_config
-from sluice.control import ModelIdentity, ResourceSampler, TrainingProcess
+from sluice.control import ModelIdentity, ProcessHooks, ProcessOptions, ResourceSampler, TrainingProcess
 from sluice.engine import IterationEvent
 from sluice.hfl import HFLEngine
 from sluice.hfl.config import HFLConfig
@@ -93,7 +93,7 @@ def overhead(rounds: int) -> dict[str, Any]:
         proc.progress_status()
 
     proc = TrainingProcess(eng, {"iterations": rounds, **WATCH_ALL}, model=ModelIdentity(id="bench"),
-                           on_event=on_event, sampler=ResourceSampler())
+                           hooks=ProcessHooks(on_event=on_event), options=ProcessOptions(sampler=ResourceSampler()))
     t0 = time.perf_counter()
     report = proc.run()
     wall = time.perf_counter() - t0
@@ -127,7 +127,8 @@ def ab(rounds: int, repeats: int) -> dict[str, Any]:
         eng = HFLEngine(cfg)
         eng.start()
         t0 = time.perf_counter()
-        TrainingProcess(eng, {"iterations": rounds, **WATCH_ALL}, sampler=ResourceSampler()).run()
+        options = ProcessOptions(sampler=ResourceSampler())
+        TrainingProcess(eng, {"iterations": rounds, **WATCH_ALL}, options=options).run()
         ctrl.append(time.perf_counter() - t0)
     b, c = statistics.median(bare), statistics.median(ctrl)
     return {"repeats": repeats, "bare_s": bare, "controlled_s": ctrl, "median_bare_s": b,

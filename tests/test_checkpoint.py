@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from sluice.config import load_config
-from sluice.control import TrainingProcess
+from sluice.control import ProcessHooks, TrainingProcess
 from sluice.errors import ConfigError, WireError
 from sluice.hfl import HFLEngine
 from sluice.hfl.config import HFLConfig
@@ -90,7 +90,7 @@ def test_hfl_resumes_bit_for_bit_with_residuals_and_added_data() -> None:
 
 def _process(ds, **kw) -> TrainingProcess:
     term = {"iterations": 60, "plateau": {"test_loss": {"patience": 4, "min_delta": 0.002}}}
-    return TrainingProcess(_local(ds), term, **kw)
+    return TrainingProcess(_local(ds), term, hooks=ProcessHooks(**kw))
 
 
 def test_a_restored_process_ends_as_the_uninterrupted_one(digits) -> None:

@@ -14,6 +14,7 @@ from sluice.control import (
     Cause,
     ModelIdentity,
     ProcessHandle,
+    ProcessHooks,
     ProcessRegistry,
     ProcessState,
     Producer,
@@ -60,7 +61,7 @@ def _until(cond: Callable[[], bool], what: str) -> None:
 
 
 def _handle(eng: GatedEngine, termination: dict[str, Any], **kw: Any) -> ProcessHandle:
-    return ProcessHandle(TrainingProcess(eng, termination, **kw), "p-1").start()
+    return ProcessHandle(TrainingProcess(eng, termination, hooks=ProcessHooks(**kw)), "p-1").start()
 
 
 # ------------------------------------------------------------------------------------- handles

@@ -13,10 +13,13 @@ import pytest
 from sluice.control import (
     Cause,
     ModelIdentity,
+    ProcessHooks,
+    ProcessOptions,
     ProcessState,
     ReplayEngine,
     TrainingProcess,
     TrainingReport,
+    make_process,
     threegpp,
     train,
 )
@@ -282,7 +285,8 @@ def test_data_wait_times_out() -> None:
 def test_suspend_and_resume_from_another_thread() -> None:
     eng = ReplayEngine(_acc([0.1] * 10))
     states: list[ProcessState] = []
-    proc = TrainingProcess(eng, {"iterations": 5}, on_state=lambda s, p, r: states.append(s), clock=eng.clock)
+    proc = TrainingProcess(eng, {"iterations": 5}, hooks=ProcessHooks(on_state=lambda s, p, r: states.append(s)),
+                           options=ProcessOptions(clock=eng.clock))
 
     def on_event(ev, p):
         if p.n == 2:
@@ -304,6 +308,17 @@ def test_process_runs_once_and_checks_the_engine() -> None:
         proc.run()
     with pytest.raises(ConfigError, match="engine protocol"):
         TrainingProcess(object(), {"iterations": 1})  # type: ignore[arg-type]
+
+
+def test_make_process_takes_hooks_and_options_by_name() -> None:
+    eng = ReplayEngine(_acc([0.1] * 3))
+    proc = make_process(eng, {"iterations": 2}, hooks=ProcessHooks(checkpoint_every=3), probe_iterations=0,
+                        checkpoint_every=2, save_path="m.pt", clock=eng.clock)
+    assert (proc.checkpoint_every, proc.probe_iterations, proc.save_path, proc.clock) == (2, 1, "m.pt", eng.clock)
+    with pytest.raises(TypeError, match="'on_events'"):
+        make_process(eng, {"iterations": 2}, on_events=print)
+    with pytest.raises(ConfigError, match="checkpoint_every"):
+        TrainingProcess(eng, {"iterations": 2}, hooks=ProcessHooks(checkpoint_every=-1))
 
 
 def test_metrics_validated_against_engine(digits) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from sluice.control import TrainingProcess  # noqa: E402
+from sluice.control import ProcessHooks, TrainingProcess  # noqa: E402
 from sluice.hfl import HFLEngine  # noqa: E402
 from sluice.jobs import load_job  # noqa: E402
 
@@ -83,7 +83,8 @@ def test_flower_gives_the_simulators_per_client_reports(task_identity: None) -> 
     runs = []
     for engine in (HFLEngine(job.config), FlowerEngine(job.config, grid, round_timeout_s=5.0, poll_s=0.0)):
         events: list[Any] = []
-        report = TrainingProcess(engine, {"iterations": 4}, on_event=lambda e, _, ev=events: ev.append(e)).run()
+        hooks = ProcessHooks(on_event=lambda e, _, ev=events: ev.append(e))
+        report = TrainingProcess(engine, {"iterations": 4}, hooks=hooks).run()
         runs.append((events, report))
     (sim_events, sim), (fl_events, fl) = runs
     assert _parts(fl_events) == _parts(sim_events)
@@ -102,7 +103,7 @@ def test_a_node_that_does_not_answer_drops_out_and_rejoins(task_identity: None) 
     grid = LocalGrid(json.dumps(job.dump()), 3, silent={(2, 1)})
     events: list[Any] = []
     report = TrainingProcess(FlowerEngine(job.config, grid, round_timeout_s=0.5, poll_s=0.0), {"iterations": 3},
-                             on_event=lambda e, _: events.append(e)).run()
+                             hooks=ProcessHooks(on_event=lambda e, _: events.append(e))).run()
     assert [[(p.client, p.dropped, p.resynced) for p in e.clients] for e in events] == [
         [(0, False, False), (1, False, False), (2, False, False)],
         [(0, False, False), (1, True, False), (2, False, False)],

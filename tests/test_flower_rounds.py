@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from sluice.control import TrainingProcess  # noqa: E402
+from sluice.control import ProcessHooks, TrainingProcess  # noqa: E402
 from sluice.hfl import HFLEngine  # noqa: E402
 from sluice.jobs import load_job  # noqa: E402
 from test_flower_clients import TINY, LocalGrid, task_identity  # noqa: E402, F401
@@ -61,7 +61,8 @@ def _engine(job: Any, grid: LocalGrid, timeout_s: float = 0.3, **kw: Any) -> Any
 
 def _run(engine: Any, iterations: int) -> tuple[Any, list[Any]]:
     events: list[Any] = []
-    report = TrainingProcess(engine, {"iterations": iterations}, on_event=lambda e, _: events.append(e)).run()
+    hooks = ProcessHooks(on_event=lambda e, _: events.append(e))
+    report = TrainingProcess(engine, {"iterations": iterations}, hooks=hooks).run()
     return report, events
 
 

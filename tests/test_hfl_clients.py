@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sluice.config import load_config
-from sluice.control import ClientReport, TrainingProcess, TrainingReport, threegpp
+from sluice.control import ClientReport, ProcessHooks, TrainingProcess, TrainingReport, threegpp
 from sluice.hfl import HFLEngine
 from sluice.hfl.config import HFLConfig
 
@@ -28,7 +28,7 @@ def _engine(*sets: str) -> HFLEngine:
 def test_every_client_reports_its_samples_time_and_loss_every_round() -> None:
     engine = _engine("train.participation=1.0")
     events = []
-    proc = TrainingProcess(engine, {"iterations": 4}, on_event=lambda e, _: events.append(e))
+    proc = TrainingProcess(engine, {"iterations": 4}, hooks=ProcessHooks(on_event=lambda e, _: events.append(e)))
     report = proc.run()
     sizes = engine.data.sizes
     for ev in events:
@@ -55,7 +55,8 @@ def test_every_client_reports_its_samples_time_and_loss_every_round() -> None:
 def test_dropouts_are_counted_per_client() -> None:
     engine = _engine("train.participation=0.5", "train.dropout=0.4", "seed=3")
     events = []
-    report = TrainingProcess(engine, {"iterations": 5}, on_event=lambda e, _: events.append(e)).run()
+    hooks = ProcessHooks(on_event=lambda e, _: events.append(e))
+    report = TrainingProcess(engine, {"iterations": 5}, hooks=hooks).run()
     by_id = {c.id: c for c in report.clients}
     assert sum(c.dropped for c in report.clients) == sum(e.metrics["dropped"] for e in events) > 0
     assert sum(c.rounds for c in report.clients) == sum(e.metrics["participants"] for e in events)
@@ -90,7 +91,7 @@ def test_checkpointed_process_keeps_its_clients() -> None:
     def keep(proc: TrainingProcess) -> None:
         saved.update(engine=proc.engine.checkpoint(), process=json.loads(json.dumps(proc.checkpoint())))
 
-    TrainingProcess(engine, {"iterations": 4}, checkpoint_every=2, on_checkpoint=keep).run()
+    TrainingProcess(engine, {"iterations": 4}, hooks=ProcessHooks(checkpoint_every=2, on_checkpoint=keep)).run()
     assert saved["process"]["n"] == 2 and len(saved["process"]["clients"]) == 6
     engine2 = _engine("train.participation=1.0")
     engine2.restore(saved["engine"])

@@ -26,7 +26,7 @@ from sluice.service.worker import PRELOAD
 for name in PRELOAD:
     importlib.import_module(name)
 before = set(sys.modules)
-from sluice.control import ResourceSampler, TrainingProcess
+from sluice.control import ProcessOptions, ResourceSampler, TrainingProcess
 from sluice.control.params import parse_termination
 from sluice.jobs import job_from_dict
 from sluice.service.capabilities import probe_main
@@ -34,8 +34,8 @@ for kind in ("local", "hfl"):
     job = job_from_dict(kind, {})
     engine = job.build()
     dict(engine.metrics)
-    proc = TrainingProcess(engine, parse_termination({"iterations": 1}), None, job.model, sampler=ResourceSampler(),
-                           save_path=tempfile.mkdtemp() + "/model.pt")
+    options = ProcessOptions(sampler=ResourceSampler(), save_path=tempfile.mkdtemp() + "/model.pt")
+    proc = TrainingProcess(engine, parse_termination({"iterations": 1}), None, job.model, options=options)
     proc.run()
 print(json.dumps(sorted(set(sys.modules) - before)))
 """

@@ -75,7 +75,7 @@ class _Sender:
 
 def _build(spec: dict[str, Any], send: _Sender, engine: Any = None) -> tuple[Any, Any]:
     """The engine and the :class:`~sluice.control.TrainingProcess` of ``spec``, reporting through ``send``."""
-    from sluice.control import ResourceSampler, TrainingProcess
+    from sluice.control import ProcessHooks, ProcessOptions, ResourceSampler, TrainingProcess
     from sluice.control.params import parse_requirements, parse_termination
     from sluice.jobs import job_from_dict
 
@@ -108,9 +108,9 @@ def _build(spec: dict[str, Any], send: _Sender, engine: Any = None) -> tuple[Any
               "process": json.dumps(proc.checkpoint()).encode()})
 
     every = int(spec.get("checkpoint_every", 0)) if hasattr(engine, "checkpoint") else 0
-    proc = TrainingProcess(engine, termination, job.requirements, job.model, on_event=on_event, on_state=on_state,
-                           save_path=work / "model.pt", sampler=ResourceSampler(), checkpoint_every=every,
-                           on_checkpoint=on_checkpoint)
+    hooks = ProcessHooks(on_event=on_event, on_state=on_state, on_checkpoint=on_checkpoint, checkpoint_every=every)
+    proc = TrainingProcess(engine, termination, job.requirements, job.model, hooks=hooks,
+                           options=ProcessOptions(save_path=work / "model.pt", sampler=ResourceSampler()))
     if spec.get("history"):
         from sluice.control.history import RunHistory, RunRecord, past_iterations, target_of
 

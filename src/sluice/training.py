@@ -183,7 +183,7 @@ def run_job(
     engine: Engine | None = None,
 ) -> int:
     """Train ``job`` (or the ready ``engine`` built for it) under the control plane; return the exit status."""
-    from sluice.control import ResourceSampler, TrainingProcess
+    from sluice.control import ProcessHooks, ProcessOptions, ResourceSampler, TrainingProcess
     from sluice.control.inbox import inbox_of
 
     t_start = time.perf_counter()
@@ -213,9 +213,9 @@ def run_job(
                 )
 
         proc = TrainingProcess(
-            engine, termination, job.requirements, job.model, on_event=on_event, on_state=on_state,
-            save_path=run.path / "model.pt", sampler=ResourceSampler(), inbox=inbox_of(run.path),
-            inbox_adapter=inbox_adapter,
+            engine, termination, job.requirements, job.model, hooks=ProcessHooks(on_event=on_event, on_state=on_state),
+            options=ProcessOptions(save_path=run.path / "model.pt", sampler=ResourceSampler(),
+                                   inbox=inbox_of(run.path), inbox_adapter=inbox_adapter),
         )
         run.write_config(job.dump())
         proc.use_history(_past_runs(run, prefix, proc))
@@ -281,6 +281,8 @@ def _describe_hfl(engine: Any) -> str:
     if task.model_type is not None:
         split += f", {task.model_type}"
     up = "dense" if c.up == "dense" else f"{c.up}({c.up_ratio:.4g})"
+    if c.uplink is not None:
+        up = f"{escape(c.uplink)}({c.up_ratio:.4g})"
     down = "dense"
     if c.down != "dense":
         down = f"{c.down}({c.down_ratio:.4g})" if c.down_ratio is not None else f"{c.down}({c.budget:.4g}·M/N)"

@@ -35,7 +35,8 @@ from sluice.control.params import (
     parse_requirements,
     parse_termination,
 )
-from sluice.control.process import TrainingProcess, train
+from sluice.control.process import TrainingProcess, make_process, train
+from sluice.control.process_options import ProcessHooks, ProcessOptions
 from sluice.control.producer import (
     Producer,
     ProducerPolicy,
@@ -69,6 +70,8 @@ __all__ = [
     "Observation",
     "Plateau",
     "ProcessHandle",
+    "ProcessHooks",
+    "ProcessOptions",
     "ProcessRegistry",
     "PowerLaw",
     "ProcessState",
@@ -88,6 +91,7 @@ __all__ = [
     "TrainingRequest",
     "UnknownProcessError",
     "fit_power_law",
+    "make_process",
     "negotiate",
     "parse_model",
     "parse_requirements",

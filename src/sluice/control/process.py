@@ -50,16 +50,15 @@ The clients' parts an event lists (``IterationEvent.clients``) add up into the r
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sluice.control import inbox as _inbox
 from sluice.control.clients import ClientTally
-from sluice.control.eta import Estimate, Estimator
-from sluice.control.feasibility import Feasibility, check_compute, preflight
+from sluice.control.eta import Estimate
+from sluice.control.feasibility import check_compute, preflight
+from sluice.control.intake import DataIntake, EngineFailed, engine_call
 from sluice.control.monitor import Anomaly, Firing, Monitor, Observation
+from sluice.control.outcome import cause_of, estimator_for, expected_iterations, goal_of
 from sluice.control.params import (
     Cause,
     ModelIdentity,
@@ -68,51 +67,32 @@ from sluice.control.params import (
     Termination,
     parse_requirements,
     parse_termination,
-    spec_of,
 )
-from sluice.control.report import TrainingReport, json_ready
-from sluice.control.resources import ResourceSampler
+from sluice.control.process_options import ProcessHooks, ProcessOptions, sampler_for, split_keywords
+from sluice.control.process_state import (
+    INADEQUATE,
+    checkpoint_of,
+    engine_notes,
+    estimate_line,
+    report_of,
+    restore_into,
+    status_of,
+)
+from sluice.control.report import TrainingReport
 from sluice.engine import Engine, IterationEvent
-from sluice.errors import ConfigError, DataError
-from sluice.metrics import MetricSpec
+from sluice.errors import ConfigError
 
-INADEQUATE = Cause.INADEQUATE_TRAINING_DATA.value
+__all__ = ["ProcessHooks", "ProcessOptions", "TrainingProcess", "goal_of", "make_process", "train"]
+
 _STATE = {Cause.CRITERION_MET: ProcessState.FINISHED, Cause.BUDGET_EXHAUSTED: ProcessState.FINISHED,
           Cause.CANCELLED: ProcessState.CANCELLED}
 """State a process ends in for each cause; every other cause is FAILED."""
 
-EventCallback = Callable[[IterationEvent, "TrainingProcess"], None]
-StateCallback = Callable[[ProcessState, "TrainingProcess", "TrainingReport | None"], None]
-DataProvider = Callable[[TrainingReport], Any]
 
-
-def goal_of(
-    termination: Termination, requirements: Requirements | None, error_metric: str,
-    specs: Mapping[str, MetricSpec] | None = None,
-) -> tuple[str, float, str, int] | None:
-    """The result training aims at, as ``(metric, target, mode, patience)``: the first performance target
-    of the termination parameters, else of the requirements, else the training error threshold. The
-    target to reach is the threshold passed by its ``min_delta``; ``mode`` comes from the metric's spec in
-    ``specs`` (the engine's declared metrics; default: Sluice's known metrics)."""
-    if termination.performance:
-        m, c = next(iter(termination.performance.items()))
-        mode = spec_of(m, specs).mode
-        return m, c.threshold + (c.min_delta if mode == "max" else -c.min_delta), mode, c.patience
-    if requirements is not None and requirements.performance:
-        m, v = next(iter(requirements.performance.items()))
-        return m, v, spec_of(m, specs).mode, 1
-    if termination.training_error is not None:
-        c = termination.training_error
-        return error_metric, c.threshold - c.min_delta, "min", c.patience
-    return None
-
-
-class _EngineFailed(Exception):
-    """The engine raised ``error`` during training."""
-
-    def __init__(self, error: Exception) -> None:
-        super().__init__(str(error))
-        self.error = error
+def _measures_compute(requirements: Requirements | None, engine: Engine) -> bool:
+    """Whether the compute requirement is checked on the first iterations trained: the requirements bound the
+    training time and the engine has no ``probe`` that the preflight could measure it with."""
+    return requirements is not None and requirements.max_training_time_s is not None and not hasattr(engine, "probe")
 
 
 class TrainingProcess:
@@ -120,6 +100,10 @@ class TrainingProcess:
 
     Thread-safe controls (call from any thread or from ``on_event``): :meth:`cancel`, :meth:`suspend`,
     :meth:`resume`, :meth:`update`, :meth:`add_data`. Updates take effect at the next iteration.
+    ``hooks`` (:class:`ProcessHooks`: none by default) and ``options`` (:class:`ProcessOptions`) are kept as
+    the process's attributes (``on_event``, ``on_state``, ``save_path``, ``sampler``, ``clock``...), the
+    data sources in :attr:`intake` (:class:`~sluice.control.intake.DataIntake`); :func:`make_process` takes
+    their fields as keyword arguments.
     """
 
     def __init__(
@@ -129,37 +113,25 @@ class TrainingProcess:
         requirements: Requirements | dict[str, Any] | None = None,
         model: ModelIdentity | None = None,
         *,
-        on_event: EventCallback | None = None,
-        on_state: StateCallback | None = None,
-        save_path: str | Path | None = None,
-        sampler: ResourceSampler | None = None,
-        data_provider: DataProvider | None = None,
-        inbox: str | Path | None = None,
-        inbox_adapter: Callable[[dict[str, Any]], Any] | None = None,
-        expected_iterations: int | None = None,
-        probe_iterations: int = 2,
-        clock: Callable[[], float] = time.monotonic,
-        checkpoint_every: int = 0,
-        on_checkpoint: Callable[[TrainingProcess], None] | None = None,
+        hooks: ProcessHooks | None = None,
+        options: ProcessOptions | None = None,
     ) -> None:
         if not isinstance(engine, Engine):
             raise ConfigError(f"{type(engine).__name__} does not implement the engine protocol "
                               "(start, iterate, stop, suspend, resume, add_data, save)")
+        hooks, options = hooks or ProcessHooks(), options or ProcessOptions()
         self.engine = engine
         self.termination = parse_termination(termination)
         self.requirements = parse_requirements(requirements) if requirements is not None else None
         self.model = model or ModelIdentity()
-        self.on_event, self.on_state = on_event, on_state
-        self.save_path = None if save_path is None else str(save_path)
-        self.data_provider = data_provider
-        self.inbox = None if inbox is None else Path(inbox)
-        self.inbox_adapter = inbox_adapter
-        self.expected_iterations = expected_iterations
-        self.probe_iterations = max(1, probe_iterations)
-        self.clock = clock
-        if checkpoint_every < 0:
-            raise ConfigError(f"checkpoint_every must be >= 0 (0: no checkpoints), got {checkpoint_every}")
-        self.checkpoint_every, self.on_checkpoint = int(checkpoint_every), on_checkpoint
+        self.on_event, self.on_state = hooks.on_event, hooks.on_state
+        self.save_path = None if options.save_path is None else str(options.save_path)
+        self.expected_iterations = options.expected_iterations
+        self.probe_iterations = max(1, options.probe_iterations)
+        self.clock = options.clock
+        if hooks.checkpoint_every < 0:
+            raise ConfigError(f"checkpoint_every must be >= 0 (0: no checkpoints), got {hooks.checkpoint_every}")
+        self.checkpoint_every, self.on_checkpoint = int(hooks.checkpoint_every), hooks.on_checkpoint
 
         self.monitor = Monitor(self.termination, self.requirements, self.model, engine.metrics,
                                counts_bytes=engine.counts_bytes, reporter=type(engine).__name__)
@@ -169,10 +141,7 @@ class TrainingProcess:
                 "training_error, performance, plateau, resources, all_of, or requirements.performance / "
                 "max_training_time_s"
             )
-        self.sampler = sampler
-        if self.sampler is None and self.monitor.resources_watched - {"network_bytes"}:
-            self.sampler = ResourceSampler()
-        self._check_resources()
+        self.sampler = sampler_for(options.sampler, self.monitor.resources_watched)
 
         self.state = ProcessState.NOT_STARTED
         self.n = 0
@@ -184,21 +153,18 @@ class TrainingProcess:
         self.bytes_up = self.bytes_down = 0
         self.decision: Firing | Anomaly | None = None
         self.awaited = 0
-        self.data_refused: list[str] = []
         self.clients = ClientTally()  # each client's part, from the events of a federated engine
         self._paused = 0.0
-        self._elapsed0 = 0.0
-        self.data_taken = 0
         self.resumed_from: int | None = None
         self.report: TrainingReport | None = None
         self.past_iterations: tuple[int, ...] = ()
-        self.estimator = self._make_estimator()
+        self.estimator = estimator_for(self.termination, self.requirements, self.monitor)
 
         self._cv = threading.Condition()
         self._cancel = False
         self._suspend = False
         self._pending: tuple[Termination | None, Requirements | None] | None = None
-        self._data: list[Any] = []
+        self.intake = DataIntake(engine, self._cv, options.inbox, options.inbox_adapter, options.data_provider)
 
     # ----------------------------------------------------------------------------------- controls
     def cancel(self) -> None:
@@ -248,9 +214,17 @@ class TrainingProcess:
     def add_data(self, data: Any) -> None:
         """Hand the engine more training data (used when the process is AWAITING_DATA, or at the next
         iteration otherwise)."""
-        with self._cv:
-            self._data.append(data)
-            self._cv.notify_all()
+        self.intake.add(data)
+
+    @property
+    def data_refused(self) -> list[str]:
+        """Why the engine refused each piece of data it was offered (``"<source>: <reason>"``)."""
+        return self.intake.refused
+
+    @property
+    def data_taken(self) -> int:
+        """How many items given by :meth:`add_data` the process has taken (and handed to the engine)."""
+        return self.intake.taken
 
     # ----------------------------------------------------------------------------------- status
     def estimate(self) -> Estimate:
@@ -266,12 +240,7 @@ class TrainingProcess:
         """The estimate as a ``metrics.jsonl`` line carries it: ``remaining_iterations`` with
         ``remaining_iterations_low`` / ``_high`` (the 80 % interval), ``reach_probability`` and
         ``progress_percent``; ``remaining_reason`` says why when there is no estimate."""
-        e = self.estimate()
-        out = {"remaining_iterations": e.remaining_iterations, "remaining_iterations_low": e.remaining_low,
-               "remaining_iterations_high": e.remaining_high, "reach_probability": e.reach_probability,
-               "remaining_s": e.remaining_s, "remaining_s_low": e.remaining_s_low,
-               "remaining_s_high": e.remaining_s_high, "progress_percent": e.progress_percent}
-        return out if e.remaining_iterations is not None else {**out, "remaining_reason": e.note}
+        return estimate_line(self.estimate())
 
     def progress_status(self) -> dict[str, Any]:
         """Live status: the TS 28.105 ``ProcessMonitor`` fields (``status``, ``progressPercentage``,
@@ -279,59 +248,13 @@ class TrainingProcess:
         metrics, progress, the current estimates of what remains and the ids of the clients of a federated
         engine taking part (``participating_clients``: sampled at least once, and uploaded the last time)
         (JSON-ready)."""
-        e = self.estimate()
-        return json_ready({
-            "status": self.state.value,
-            "progressPercentage": None if e.progress_percent is None else int(e.progress_percent),
-            "progressStateInfo": {"RUNNING": "TRAINING"}.get(self.state.value, self.state.value),
-            "resultStateInfo": self.report.cause.value if self.report else (
-                INADEQUATE if self.state == ProcessState.AWAITING_DATA else ""),
-            "iterations": self.n,
-            "elapsed_s": self.elapsed_s,
-            "metrics": dict(self.latest),
-            "progress_percent": e.progress_percent,
-            "estimated_remaining_iterations": e.remaining_iterations,
-            "estimated_remaining_iterations_low": e.remaining_low,
-            "estimated_remaining_iterations_high": e.remaining_high,
-            "reach_probability": e.reach_probability,
-            "estimated_remaining_s": e.remaining_s,
-            "estimated_remaining_s_low": e.remaining_s_low,
-            "estimated_remaining_s_high": e.remaining_s_high,
-            "estimate_note": e.note,
-            "bytes_up": self.bytes_up,
-            "bytes_down": self.bytes_down,
-            "data_refused": list(self.data_refused),
-            "participating_clients": self.clients.participating(),
-        })
+        return status_of(self, self.estimate())
+
+    def notes(self) -> list[str]:
+        """The engine's ``notes()`` (an engine may have none)."""
+        return engine_notes(self.engine)
 
     # ----------------------------------------------------------------------------------- internals
-    def _check_resources(self) -> None:
-        watched = self.monitor.resources_watched - {"network_bytes"}
-        if not watched:
-            return
-        assert self.sampler is not None
-        have = set(self.sampler.sample(force=True))
-        missing = sorted(watched - have)
-        if missing:
-            raise ConfigError(f"resource thresholds {missing} cannot be measured here; measurable: "
-                              f"{sorted(have | {'network_bytes'})}")
-
-    def _make_estimator(self) -> Estimator:
-        t, r = self.termination, self.requirements
-        specs = self.monitor.specs
-        goal = goal_of(t, r, self.monitor.error_metric, specs)
-        times = [x for x in (t.training_time_s, r.max_training_time_s if r else None) if x]
-        est = Estimator(
-            metric=goal[0] if goal else None, target=goal[1] if goal else None,
-            mode=goal[2] if goal else "max", patience=goal[3] if goal else 1, iteration_budget=t.iterations,
-            time_budget_s=min(times) if times else None,
-            bounds=(specs[goal[0]].low, specs[goal[0]].high) if goal else (None, None),
-            past=getattr(self, "past_iterations", ()),
-        )
-        for n, metrics, secs in getattr(self, "history", []):
-            est.add(n, metrics, secs)
-        return est
-
     def _set_state(self, state: ProcessState, report: TrainingReport | None = None) -> None:
         self.state = state
         if self.on_state is not None:
@@ -340,10 +263,9 @@ class TrainingProcess:
     def _apply_pending(self) -> None:
         with self._cv:
             pending, self._pending = self._pending, None
-            data, self._data = self._data, []
-            self.data_taken += len(data)
+            data = self.intake.drain()
         for d in data:
-            self._give_data(d, "add_data")
+            self.intake.give(d, "add_data")
         if pending is None:
             return
         t, r = pending
@@ -352,7 +274,8 @@ class TrainingProcess:
         if t is not None:
             self.termination = t
         self.monitor.update(self.termination, self.requirements)
-        self.estimator = self._make_estimator()
+        self.estimator = estimator_for(self.termination, self.requirements, self.monitor, self.past_iterations,
+                                       self.history)
         self._delegate()
 
     def _delegate(self) -> None:
@@ -365,157 +288,36 @@ class TrainingProcess:
         with self._cv:
             if not self._suspend or self._cancel:
                 return
-        self._engine_call(self.engine.suspend)
+        engine_call(self.engine.suspend)
         self._set_state(ProcessState.SUSPENDED)
         t0 = self.clock()
         with self._cv:
             while self._suspend and not self._cancel:
                 self._cv.wait(0.5)
         self._paused += self.clock() - t0
-        self._engine_call(self.engine.resume)
+        engine_call(self.engine.resume)
         self._set_state(ProcessState.RUNNING)
-
-    def _engine_call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` on the engine; an error it raises becomes :class:`_EngineFailed`."""
-        try:
-            return fn(*args)
-        except Exception as exc:
-            raise _EngineFailed(exc) from exc
-
-    def _give_data(self, data: Any, source: str) -> bool:
-        """Hand ``data`` to the engine after its ``check_data``; a :class:`DataError` refuses it: the reason
-        is recorded in :attr:`data_refused` and False returned."""
-        check = getattr(self.engine, "check_data", None)
-        try:
-            if check is not None:
-                check(data)
-            self.engine.add_data(data)
-        except DataError as exc:
-            self.data_refused.append(f"{source}: {exc}")
-            return False
-        except Exception as exc:
-            raise _EngineFailed(exc) from exc
-        return True
-
-    def _take_data(self, interim: TrainingReport, asked: bool) -> bool | None:
-        """Hand the engine the next data on offer: True = taken, False = refused, None = none on offer."""
-        with self._cv:
-            data = self._data.pop(0) if self._data else None
-            self.data_taken += data is not None
-        if data is not None:
-            return self._give_data(data, "add_data")
-        f = _inbox.oldest(self.inbox) if self.inbox is not None else None
-        if f is not None:
-            try:
-                got = _inbox.load_arrays(f)
-                got = self.inbox_adapter(got) if self.inbox_adapter else got
-            except DataError as exc:
-                self.data_refused.append(f"inbox {f.name}: {exc}")
-                _inbox.settle(f, str(exc))
-                return False
-            taken = self._give_data(got, f"inbox {f.name}")
-            _inbox.settle(f, None if taken else self.data_refused[-1])
-            return taken
-        if self.data_provider is not None and not asked:
-            data = self.data_provider(interim)
-            if data is not None:
-                return self._give_data(data, "data provider")
-        return None
 
     def _await_data(self, event: IterationEvent) -> bool:
         """AWAITING_DATA: wait for :meth:`add_data`, the inbox or the data provider; True = data came.
         Data the engine refuses is recorded and the wait goes on."""
-        interim = self._report(Cause.INADEQUATE_TRAINING_DATA, event.detail or "the engine needs more data",
-                               ProcessState.AWAITING_DATA)
-        self._engine_call(self.engine.suspend)
+        interim = report_of(self, Cause.INADEQUATE_TRAINING_DATA, event.detail or "the engine needs more data",
+                            ProcessState.AWAITING_DATA)
+        engine_call(self.engine.suspend)
         self._set_state(ProcessState.AWAITING_DATA, interim)
         t0 = self.clock()
-        deadline = time.monotonic() + self.termination.data_wait_s
-        asked = False
-        taken = False
-        while True:
-            got = self._take_data(interim, asked)
-            asked = True
-            if got is not None:
-                taken = got
-                if taken:
-                    break
-                continue
-            if self._cancel:
-                break
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            with self._cv:
-                self._cv.wait(min(0.2, left))
+        taken = self.intake.wait(interim, self.termination.data_wait_s, lambda: self._cancel)
         self._paused += self.clock() - t0
         if not taken:
             return False
-        self._engine_call(self.engine.resume)
+        engine_call(self.engine.resume)
         self.awaited += 1
         self._set_state(ProcessState.RUNNING)
         return True
 
-    def _preflight(self) -> Feasibility:
-        can_wait = self.termination.data_wait_s > 0 or self.data_provider is not None
-        return preflight(self.engine, self.requirements, self._expected_iterations(), self.probe_iterations,
-                         wait_for_data=can_wait)
-
-    def _expected_iterations(self) -> int | None:
-        if self.expected_iterations is not None:
-            return self.expected_iterations
-        if goal_of(self.termination, self.requirements, self.monitor.error_metric, self.monitor.specs) is None:
-            return self.termination.iterations
-        return None
-
-    def _report(self, cause: Cause, detail: str, state: ProcessState, firing: Firing | None = None,
-                model_path: str | None = None) -> TrainingReport:
-        e = self.estimator.estimate(self.n, self.elapsed_s, reached=cause == Cause.CRITERION_MET)
-        return TrainingReport(
-            cause=cause, status=state, criterion=firing, detail=detail, model=self.model,
-            performance=dict(self.latest), termination=self.termination, requirements=self.requirements,
-            requirements_met=self._requirements_met(),
-            duration_s=self.elapsed_s, iterations=self.n, progress_percent=e.progress_percent,
-            estimated_remaining_s=e.remaining_s, estimated_remaining_iterations=e.remaining_iterations,
-            estimated_remaining_iterations_low=e.remaining_low, estimated_remaining_iterations_high=e.remaining_high,
-            reach_probability=e.reach_probability, estimated_remaining_s_low=e.remaining_s_low,
-            estimated_remaining_s_high=e.remaining_s_high, estimate_note=e.note, model_path=model_path,
-            bytes_up=self.bytes_up, bytes_down=self.bytes_down,
-            resources_peak=dict(self.peak), awaited_data=self.awaited, data_refused=list(self.data_refused),
-            clients=self.clients.reports(), data=self._data_report(), notes=self.notes(),
-        )
-
-    def notes(self) -> list[str]:
-        """The engine's ``notes()`` (an engine may have none)."""
-        fn = getattr(self.engine, "notes", None)
-        return list(fn()) if callable(fn) else []
-
-    def _data_report(self) -> dict[str, Any]:
-        """The engine's ``data_report()`` (an engine may have none)."""
-        fn = getattr(self.engine, "data_report", None)
-        return dict(fn()) if callable(fn) else {}
-
-    def _requirements_met(self) -> bool | None:
-        return self.requirements.met_by(self.latest, self.monitor.specs) if self.requirements else None
-
     def _cause_of(self, d: Firing) -> tuple[Cause, str]:
         """The cause when rule ``d`` ended training (see the module docstring)."""
-        r = self.requirements
-        if r is not None and self._requirements_met() is False:
-            unmet = ", ".join(f"{k} {self.latest.get(k, float('nan')):.4g} (needs {v:g})"
-                              for k, v in r.performance.items())
-            return Cause.PERFORMANCE_NOT_MET, f"{d.rule} ended training; performance requirement not met: {unmet}"
-        if d.success or not self.termination.defines_result():
-            seen = "; ".join(f"{h.metric} {h.observed:.6g} against {h.threshold:g}" for h in d.hits
-                             if h.metric and h.observed is not None and h.threshold is not None)
-            return Cause.CRITERION_MET, f"{d.rule} met at iteration {self.n}" + (f" ({seen})" if seen else "")
-        goal = goal_of(self.termination, None, self.monitor.error_metric, self.monitor.specs)
-        where = ""
-        if goal is not None:
-            got = self.latest.get(goal[0])
-            where = f": {goal[0]} is {'n/a' if got is None else f'{got:.4g}'}, the target {goal[1]:g}"
-        return Cause.BUDGET_EXHAUSTED, (f"{d.rule} ended training at iteration {self.n} before the result "
-                                        f"was reached{where}")
+        return cause_of(d, self.termination, self.requirements, self.latest, self.n, self.monitor)
 
     def _finish(self, cause: Cause, detail: str, firing: Firing | None = None) -> TrainingReport:
         model_path = None
@@ -533,7 +335,7 @@ class TrainingProcess:
         if told and told not in detail:
             detail += f"; {told}"
         state = _STATE.get(cause, ProcessState.FAILED)
-        self.report = self._report(cause, detail, state, firing, model_path)
+        self.report = report_of(self, cause, detail, state, firing, model_path)
         self._set_state(state, self.report)
         return self.report
 
@@ -543,13 +345,7 @@ class TrainingProcess:
         its floats exact, NaN and infinities included): iterations done, active training time, the latest
         metrics and their history, byte and resource counts, data taken (``data_taken``: items given by
         :meth:`add_data`) and refused, and the criteria state (:meth:`sluice.control.monitor.Monitor.state`)."""
-        return {
-            "n": self.n, "elapsed_s": self.elapsed_s, "latest": dict(self.latest),
-            "history": [[n, dict(m), dt] for n, m, dt in self.history], "bytes_up": self.bytes_up,
-            "bytes_down": self.bytes_down, "peak": dict(self.peak), "awaited": self.awaited,
-            "data_refused": list(self.data_refused), "data_taken": self.data_taken, "monitor": self.monitor.state(),
-            "clients": self.clients.state(),
-        }
+        return checkpoint_of(self)
 
     def restore(self, state: Mapping[str, Any]) -> None:
         """Go on from :meth:`checkpoint` (before :meth:`run`, with the engine restored from the checkpoint
@@ -557,21 +353,7 @@ class TrainingProcess:
         share with the checkpointed ones keep their state."""
         if self.state != ProcessState.NOT_STARTED:
             raise ConfigError(f"a checkpoint is restored before the process runs (state {self.state.value})")
-        try:
-            self.n = int(state["n"])
-            self._elapsed0 = self.elapsed_s = float(state["elapsed_s"])
-            self.latest = {str(k): float(v) for k, v in state["latest"].items()}
-            self.history = [(int(n), {str(k): float(v) for k, v in m.items()}, float(dt))
-                            for n, m, dt in state["history"]]
-            self.bytes_up, self.bytes_down = int(state["bytes_up"]), int(state["bytes_down"])
-            self.peak = {str(k): float(v) for k, v in state["peak"].items()}
-            self.awaited, self.data_taken = int(state["awaited"]), int(state["data_taken"])
-            self.data_refused = [str(x) for x in state["data_refused"]]
-            self.monitor.load_state(state["monitor"])
-            self.clients.load_state(state.get("clients", []))  # none in a checkpoint made before it was kept
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ConfigError(f"not a training process checkpoint: {type(exc).__name__}: {exc}") from None
-        self.estimator = self._make_estimator()
+        restore_into(self, state)
         self.resumed_from = self.n
 
     # ----------------------------------------------------------------------------------- run
@@ -594,14 +376,16 @@ class TrainingProcess:
 
     def _run(self) -> TrainingReport:
         if self.resumed_from is None:  # a resumed process passed its preflight before the checkpoint
-            verdict = self._preflight()
+            can_wait = self.termination.data_wait_s > 0 or self.intake.provider is not None
+            expected = expected_iterations(self.expected_iterations, self.termination, self.requirements, self.monitor)
+            verdict = preflight(self.engine, self.requirements, expected, self.probe_iterations, wait_for_data=can_wait)
             if not verdict.feasible:
                 assert verdict.cause is not None
                 return self._finish(verdict.cause, verdict.detail)
         self._set_state(ProcessState.RUNNING)
         try:
             return self._train()
-        except _EngineFailed as exc:
+        except EngineFailed as exc:
             err = exc.error
             return self._finish(Cause.ENGINE_FAILURE, f"the engine failed at iteration {self.n + 1}: "
                                 f"{type(err).__name__}: {err}")
@@ -609,20 +393,17 @@ class TrainingProcess:
     def _train(self) -> TrainingReport:
         evaluate = getattr(self.engine, "evaluate", None)
         if evaluate is not None and self.resumed_from is None:  # the untrained model's losses: what
-            self.monitor.set_reference(self._engine_call(evaluate))  # divergence_factor compares with
-        t_start = self.clock() - self._elapsed0
+            self.monitor.set_reference(engine_call(evaluate))  # divergence_factor compares with
+        t_start = self.clock() - self.elapsed_s  # the active time a restored checkpoint had
         self._paused = 0.0
-        probe_pending = (
-            self.requirements is not None and self.requirements.max_training_time_s is not None
-            and not hasattr(self.engine, "probe") and self.n <= self.probe_iterations
-        )
+        probe_pending = _measures_compute(self.requirements, self.engine) and self.n <= self.probe_iterations
         while True:
             self._apply_pending()
             self._wait_while_suspended()
             if self._cancel:
                 return self._finish(Cause.CANCELLED, f"cancelled after {self.n} iterations")
             t0 = self.clock()
-            event = self._engine_call(self.engine.iterate)
+            event = engine_call(self.engine.iterate)
             dt = self.clock() - t0
             self.bytes_up += int(event.bytes_up)
             self.bytes_down += int(event.bytes_down)
@@ -643,7 +424,9 @@ class TrainingProcess:
             if probe_pending and self.n >= self.probe_iterations:
                 probe_pending = False
                 assert self.requirements is not None
-                v = check_compute(self.requirements, self.elapsed_s / self.n, self._expected_iterations())
+                expected = expected_iterations(self.expected_iterations, self.termination, self.requirements,
+                                               self.monitor)
+                v = check_compute(self.requirements, self.elapsed_s / self.n, expected)
                 if not v.feasible:
                     assert v.cause is not None
                     return self._finish(v.cause, v.detail + f" (measured over the first {self.n} iterations)")
@@ -679,6 +462,22 @@ class TrainingProcess:
             self.decision = self.monitor.observe(Observation(self.n, metrics, self.elapsed_s, self.resources))
 
 
+def make_process(
+    engine: Engine,
+    termination: Termination | dict[str, Any] | None = None,
+    requirements: Requirements | dict[str, Any] | None = None,
+    model: ModelIdentity | None = None,
+    **kwargs: Any,
+) -> TrainingProcess:
+    """A :class:`TrainingProcess` whose hooks and options are given as keyword arguments: the fields of
+    :class:`ProcessHooks` (``on_event``, ``on_state``, ``on_checkpoint``, ``checkpoint_every``) and of
+    :class:`ProcessOptions` (``save_path``, ``sampler``, ``data_provider``, ``inbox``, ``inbox_adapter``,
+    ``expected_iterations``, ``probe_iterations``, ``clock``), or ``hooks`` and ``options`` themselves
+    (:func:`sluice.control.process_options.split_keywords`); any other keyword is a :class:`TypeError`."""
+    hooks, options = split_keywords(kwargs)
+    return TrainingProcess(engine, termination, requirements, model, hooks=hooks, options=options)
+
+
 def train(
     engine: Engine,
     termination: Termination | dict[str, Any] | None = None,
@@ -688,6 +487,6 @@ def train(
 ) -> TrainingReport:
     """Train ``engine`` under ``termination`` and ``requirements``; return the :class:`TrainingReport`.
 
-    Keyword arguments are those of :class:`TrainingProcess` (``on_event``, ``save_path``, ...).
+    Keyword arguments are those of :func:`make_process` (``on_event``, ``save_path``, ...).
     """
-    return TrainingProcess(engine, termination, requirements, model, **kwargs).run()
+    return make_process(engine, termination, requirements, model, **kwargs).run()

@@ -51,7 +51,7 @@ from sluice.control.params import (
     resolve_metric,
     spec_of,
 )
-from sluice.control.process import TrainingProcess, goal_of
+from sluice.control.process import goal_of, make_process
 from sluice.control.report import TrainingReport
 from sluice.engine import Engine
 from sluice.errors import NegotiationError, SluiceError
@@ -231,7 +231,7 @@ class Producer:
 
         Returns the running process's handle at once (also in :attr:`processes`); raises
         :class:`RequestRefused` when the request is not accepted. Keyword arguments go to
-        :class:`TrainingProcess` (``on_event``, ``data_provider``...).
+        :func:`~sluice.control.process.make_process` (``on_event``, ``data_provider``...).
         """
         self._reserve(req.model)
         try:
@@ -304,7 +304,7 @@ class Producer:
             save = self.save_dir / f"{model.id}-v{model.version}.pt"
         kwargs.setdefault("expected_iterations",
                           self.history.iterations_needed(model, target_of(termination, requirements, model))[0])
-        proc = TrainingProcess(eng, termination, requirements, model, save_path=save, **kwargs)  # checks the metrics
+        proc = make_process(eng, termination, requirements, model, save_path=save, **kwargs)  # checks the metrics
         handle = ProcessHandle(proc, trigger=trigger, agreement=agreement, on_done=self._done)
         with self._lock:
             self._busy[model.id] = handle
