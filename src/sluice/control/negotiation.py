@@ -15,20 +15,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from sluice.control.params import ModelIdentity, Requirements, Termination, parse_termination
+from sluice.control.policy import Proposal
 from sluice.errors import NegotiationError
 
 DecidedBy = Literal["consumer", "producer", "negotiated"]
-
-
-class Proposal(BaseModel):
-    """Termination parameters a producer proposes, with the reason for each choice."""
-
-    model: ModelIdentity
-    termination: Termination
-    rationale: list[str] = Field(default_factory=list)
 
 
 class Agreement(BaseModel):
