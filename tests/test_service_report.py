@@ -20,7 +20,7 @@ def test_the_runs_own_counts_are_not_model_performance(tmp_path: Path) -> None:
             proc = tx.create(ldn, "MLTrainingProcess", {"progressStatus": {"status": "RUNNING"}}, {},
                              {"phase": "running", "request": f"{svc.tf}/MLTrainingRequest=none", "kind": "hfl",
                               "trigger": "CONSUMER_REQUEST"})
-            svc._end_process(tx, proc, report, None, None)
+            svc.messages.end_process(tx, proc, report, None, None)
         rep = svc.store.get(f"{svc.tf}/MLTrainingReport=P1")
         assert rep is not None
         shown = {p["performanceMetric"]: p["performanceScore"] for key in (

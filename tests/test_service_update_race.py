@@ -28,11 +28,11 @@ def test_the_termination_that_ended_the_run_is_the_one_recorded(tmp_path: Path) 
             report = {"status": "FINISHED", "cause": "CRITERION_MET", "iterations": 5,
                       "model": {"id": "m", "version": "1"}, "performance": {}}
             with svc.store.write() as tx:
-                svc._end_process(tx, tx.get(proc_ldn), report, None, None)
+                svc.messages.end_process(tx, tx.get(proc_ldn), report, None, None)
             return {"ok": True}
 
         svc.supervisor.call = call  # type: ignore[method-assign]
-        out = svc.modify_process(ldn, {"terminationConditions": "iterations=3"}, {}, merge=True)
+        out = svc.processes.modify(ldn, {"terminationConditions": "iterations=3"}, {}, merge=True)
         assert sent and sent[0]["termination"]["iterations"] == 3
         assert out.attributes["progressStatus"]["status"] == "FINISHED"
         assert out.attributes["terminationConditions"] == "iterations=3"

@@ -46,7 +46,7 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from sluice.control.producer import ProducerPolicy
+from sluice.control.policy import ProducerPolicy
 from sluice.flower.relay import FederationConfig
 from sluice.schema import Section
 from sluice.service.auth import AuthConfig

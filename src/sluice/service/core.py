@@ -26,43 +26,42 @@ module carries out their effects. The request's ``requestStatus`` follows its la
 not yet ended), FINISHED, CANCELLED (cancelled, or refused before training: feasibility, a job that cannot be
 built).
 
-The class is one producer made of parts: this module (start, stop, recovery, reads, deletes, subscriptions),
-:mod:`~sluice.service.requests`, :mod:`~sluice.service.processes`, :mod:`~sluice.service.retraining` and
-:mod:`~sluice.service.messages` (the queue and the worker's messages), over :mod:`~sluice.service.base`.
+The class is one producer made of parts, each a class constructed with what it uses
+(:class:`~sluice.service.base.Shared`: the configuration, the store and the LDNs; the supervisor, the outbox;
+the parts it calls): ``requests`` (:mod:`~sluice.service.requests`), ``processes``
+(:mod:`~sluice.service.processes`), ``proposals`` (:mod:`~sluice.service.proposals`), ``retraining``
+(:mod:`~sluice.service.retraining`), ``messages`` (the queue and the worker's messages:
+:mod:`~sluice.service.messages`) and ``subscriptions`` (:mod:`~sluice.service.subscriptions`). This module
+builds them, starts and stops the background parts (outbox, supervisor, chain cancels), recovers the processes
+a stop interrupted, and reads.
 """
 
 from __future__ import annotations
 
-import threading
-from typing import Any
-
-from sluice.service.auth import Actor, may_see, tag
-from sluice.service.base import _phase
+from sluice.service.auth import Actor, may_see
+from sluice.service.base import Shared, _phase
 from sluice.service.capabilities import Prober
-from sluice.service.cascade import delete_request_tree
+from sluice.service.chain_cancels import ChainCancels
 from sluice.service.config import ServiceConfig
 from sluice.service.db import MOI, Artifact, make_engine, migrate
-from sluice.service.messages import WorkerMessagesMixin
-from sluice.service.nrm import (
-    CM_NOTIFICATION_TYPES,
-    MnSError,
-    check_id,
-    id_of,
-    ldn_to_dn,
-    read_vs,
-)
+from sluice.service.messages import WorkerMessages
+from sluice.service.nrm import MnSError, ldn_to_dn
 from sluice.service.outbox import Outbox
-from sluice.service.processes import ProcessesMixin
-from sluice.service.requests import RequestsMixin
-from sluice.service.retraining import RetrainingMixin
-from sluice.service.store import Store, Tx
+from sluice.service.processes import Processes
+from sluice.service.proposals import Proposals
+from sluice.service.requests import Requests
+from sluice.service.retraining import Retraining
+from sluice.service.store import Store
+from sluice.service.subscriptions import Subscriptions
 from sluice.service.worker import Supervisor
 
 __all__ = ["TrainingService"]
 
 
-class TrainingService(RequestsMixin, ProcessesMixin, RetrainingMixin, WorkerMessagesMixin):
-    """One producer: its store, outbox and supervisor; every operation of the REST interface."""
+class TrainingService:
+    """One producer: its store, outbox and supervisor, and the parts that carry out the REST interface's
+    operations (``requests``, ``processes``, ``retraining``, ``subscriptions``) and the workers' messages
+    (``messages``)."""
 
     def __init__(self, cfg: ServiceConfig, public_url: str) -> None:
         self.cfg = cfg
@@ -76,13 +75,19 @@ class TrainingService(RequestsMixin, ProcessesMixin, RetrainingMixin, WorkerMess
         self.store = Store(self.db, system_dn=ldn_to_dn(sn), href=self.href)
         self.outbox = Outbox(self.store, timeout_s=cfg.notify_timeout_s, max_attempts=cfg.notify_max_attempts,
                              backoff_s=cfg.notify_backoff_s, ca_file=cfg.notify_ca_file)
-        self.supervisor = Supervisor(cfg.max_concurrent, self._next_spec, self._on_message,
+        self.chain_cancels = ChainCancels(self.store, cfg.producers)  # the producers' requests of ended chains
+        shared = Shared(cfg, self.store, self.tf, self.repo)
+        self.shared = shared
+        self.proposals = Proposals(shared)
+        self.messages = WorkerMessages(shared, self.chain_cancels, self.proposals.history_and_shapes)
+        self.supervisor = Supervisor(cfg.max_concurrent, self.messages.next_spec, self.messages.on_message,
                                      start_method=cfg.worker_start, call_timeout_s=cfg.call_timeout_s)
         self.prober = Prober(self.supervisor.ctx)
-        self._last_progress: dict[str, float] = {}
-        self._policy_lock = threading.Lock()
-        from sluice.service.chain_cancels import ChainCancels  # the producers' requests of ended chains
-        self.chain_cancels = ChainCancels(self.store, cfg.producers)
+        self.retraining = Retraining(shared, self.supervisor, self.proposals.new_process)
+        self.processes = Processes(shared, self.supervisor, self.messages.end_process, self.retraining.upload)
+        self.requests = Requests(shared, self.supervisor, self.prober, self.proposals, self.processes,
+                                 self.retraining)
+        self.subscriptions = Subscriptions(shared, self.outbox)
 
     def href(self, ldn: str) -> str:
         return f"{self.public_url}{self.cfg.base_path}/{ldn}"
@@ -97,7 +102,9 @@ class TrainingService(RequestsMixin, ProcessesMixin, RetrainingMixin, WorkerMess
             ):
                 if tx.get(ldn) is None:
                     tx.create(ldn, cls, attrs)
-            self._recover(tx)
+            for row in tx.of_class("MLTrainingProcess"):  # their worker stopped with the service
+                if _phase(row).active:
+                    self.messages.requeue_interrupted(tx, row, "the service stopped")
         self.outbox.start()
         self.supervisor.start()
         self.chain_cancels.start()
@@ -109,20 +116,10 @@ class TrainingService(RequestsMixin, ProcessesMixin, RetrainingMixin, WorkerMess
         self.chain_cancels.stop()
         self.db.dispose()
 
-    def _recover(self, tx: Tx) -> None:
-        """Processes that were starting or running when the service stopped lost their worker with it: each
-        goes back to the queue or ends (:meth:`_requeue_interrupted`). Queued ones stay queued."""
-        for row in tx.of_class("MLTrainingProcess"):
-            if _phase(row).active:
-                self._requeue_interrupted(tx, row, "the service stopped")
-
     # ------------------------------------------------------------------ reads
     def get(self, ldn: str, actor: Actor | None = None) -> MOI:
         """The MOI at ``ldn``; 404 when there is none or ``actor`` may not see it (None: no restriction)."""
-        row = self.store.get(ldn)
-        if row is None or not may_see(actor, row.internal.get("owner"), row.object_class):
-            raise MnSError(404, f"no managed object {ldn_to_dn(ldn)}", bad_objects=[ldn_to_dn(ldn)])
-        return row
+        return self.shared.get(ldn, actor)
 
     def subtree(self, ldn: str, level: int | None, actor: Actor | None = None) -> list[MOI]:
         """MOIs below ``ldn`` down to ``level`` levels (None: all) that ``actor`` may see, in creation order."""
@@ -141,55 +138,3 @@ class TrainingService(RequestsMixin, ProcessesMixin, RetrainingMixin, WorkerMess
         if art is None:
             raise MnSError(404, f"model {ldn_to_dn(model_ldn)} has no stored file", bad_objects=[ldn_to_dn(model_ldn)])
         return art
-
-    # ------------------------------------------------------------------ delete
-    def delete_request(self, ldn: str) -> None:
-        req = self.get(ldn)
-        proc = self.store.get(req.internal.get("current", ""))
-        if proc is not None and _phase(proc).active:
-            raise MnSError(409, f"the request is {req.attributes.get('requestStatus')}: cancel it "
-                           "(cancelRequest: true) and delete it once it has ended")
-        if proc is not None and _phase(proc).pending:
-            self._cancel(proc.dn)
-        with self.store.write() as tx:
-            cur = tx.get(ldn)
-            if cur is not None:
-                delete_request_tree(tx, cur)  # its processes and reports go with it, its models stay
-
-    # ------------------------------------------------------------------ subscriptions
-    def put_subscription(self, ldn: str, body: dict[str, Any], actor: Actor | None = None) -> tuple[MOI, bool]:
-        """Create (owned by ``actor``) or replace (404 when ``actor`` may not see it) a subscription."""
-        check_id(id_of(ldn))
-        if self.store.get(ldn) is not None:
-            self.get(ldn, actor)
-        attrs = self._check_attrs("NtfSubscriptionControl", body.get("attributes") or {})
-        read_vs(body, "NtfSubscriptionControl")
-        addr = attrs.get("notificationRecipientAddress")
-        if not isinstance(addr, str) or not addr.startswith(("http://", "https://")):
-            raise MnSError(400, "notificationRecipientAddress must be an http(s) URI",
-                           bad_attributes=["notificationRecipientAddress"])
-        types = attrs.get("notificationTypes")
-        if types is not None:
-            bad = [t for t in types if t not in CM_NOTIFICATION_TYPES] if isinstance(types, list) else [types]
-            if bad:
-                raise MnSError(400, f"notificationTypes: this producer sends {', '.join(CM_NOTIFICATION_TYPES)}; "
-                               f"got {bad}", bad_attributes=["notificationTypes"])
-        scope = attrs.get("scope")
-        if scope is not None:
-            st = scope.get("scopeType", "BASE_ALL") if isinstance(scope, dict) else None
-            if st not in ("BASE_ONLY", "BASE_NTH_LEVEL", "BASE_SUBTREE", "BASE_ALL"):
-                raise MnSError(400, "scope.scopeType must be BASE_ONLY, BASE_NTH_LEVEL, BASE_SUBTREE or BASE_ALL",
-                               bad_attributes=["scope"])
-        with self.outbox.send_lock, self.store.write() as tx:
-            cur = tx.get(ldn)
-            if cur is None:
-                return tx.create(ldn, "NtfSubscriptionControl", attrs, None, tag(actor)), True
-            tx.update(cur, attributes=attrs)
-            return cur, False
-
-    def delete_subscription(self, ldn: str) -> None:
-        self.get(ldn)
-        with self.outbox.send_lock, self.store.write() as tx:
-            cur = tx.get(ldn)
-            if cur is not None:
-                tx.delete(cur)

@@ -1,18 +1,19 @@
 """The queue and the worker's messages: a process starts, reports progress and checkpoints, and ends with its
-``MLTrainingReport`` and ``MLModel``.
-
-A part of :class:`sluice.service.core.TrainingService` (whose other parts it uses through ``self``)."""
+``MLTrainingReport`` and ``MLModel``; a process that lost its worker goes back to the queue or ends."""
 
 from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 from sluice.control.clients import ClientReport
 from sluice.control.lifecycle import (
     Checkpointed,
     Ended,
+    EndWith,
+    Interrupted,
     Iteration,
     Phase,
     ProcessRecord,
@@ -23,7 +24,8 @@ from sluice.control.params import Cause
 from sluice.control.threegpp import fl_client_dn, fl_report_per_client, participating_fl_clients
 from sluice.metrics import OPERATIONAL_METRICS
 from sluice.service.auth import inherited
-from sluice.service.base import ENDED, ServiceBase, _phase
+from sluice.service.base import ENDED, Shared, _phase, set_process
+from sluice.service.chain_cancels import ChainCancels
 from sluice.service.db import MOI, Artifact, Checkpoint, Upload
 from sluice.service.identity import stored_identity
 from sluice.service.nrm import (
@@ -37,10 +39,37 @@ from sluice.service.tasks import producer_job
 from sluice.service.validate import finite as _finite
 
 
-class WorkerMessagesMixin(ServiceBase):
+class WorkerMessages:
+    """The supervisor's side of one producer: the next queued process's worker spec (``next_spec``), what its
+    workers report (``on_message``), and the end of a process (``end_process``) or of its worker
+    (``requeue_interrupted``). ``history`` gives the store's past runs and each process's job shape."""
+
+    def __init__(self, shared: Shared, chain_cancels: ChainCancels,
+                 history: Callable[[], tuple[Any, dict[str, str]]]) -> None:
+        self.shared = shared
+        self.chain_cancels = chain_cancels
+        self.history = history
+        self._last_progress: dict[str, float] = {}
+
     # ------------------------------------------------------------------ the queue
+    def next_spec(self) -> dict[str, Any] | None:
+        """The next queued process's worker spec, with the runs of its job shape that the store remembers
+        (``history``, ``history_shape``): its estimate of the remaining iterations learns from them."""
+        spec = self._pick_next()
+        if spec is None:
+            return None
+        try:
+            hist, shapes = self.history()
+        except Exception:  # noqa: BLE001 - the history is a help; a process starts without it
+            return spec
+        shape = shapes.get(id_of(spec["process"]))
+        spec["history_shape"] = shape
+        spec["history"] = [r.model_dump(mode="json") for r in hist.records if shape is not None and r.shape == shape]
+        return spec
+
     def _pick_next(self) -> dict[str, Any] | None:
-        with self.store.write() as tx:
+        cfg = self.shared.cfg
+        with self.shared.store.write() as tx:
             queued = [p for p in tx.of_class("MLTrainingProcess")
                       if transition(ProcessRecord.of(p.internal), Started()).effects]  # queued, not held
             if not queued:
@@ -56,34 +85,36 @@ class WorkerMessagesMixin(ServiceBase):
             status.update(progressStateInfo="STARTING")
             before = ProcessRecord.of(proc.internal)
             after, _ = transition(before, Started())  # StartWorker: the supervisor starts one with what follows
-            self._set_process(tx, proc, attrs={"progressStatus": status},
-                              internal={**after.changes(before), "started_at": time.time()})
+            set_process(tx, proc, attrs={"progressStatus": status},
+                        internal={**after.changes(before), "started_at": time.time()})
             i = proc.internal
             resume = None
             ckpt = tx.s.get(Checkpoint, proc.dn) if i.get("resume") else None
             if ckpt is not None:
                 resume = {"iteration": ckpt.iteration, "engine": ckpt.engine_state, "process": ckpt.process_state}
-            raw = producer_job(i["raw"], self.cfg.tasks)  # a registered task: its factory, here only
+            raw = producer_job(i["raw"], cfg.tasks)  # a registered task: its factory, here only
             raw = {**raw, "model": {**(raw.get("model") or {}), **{k: v for k, v in i["model"].items()
                                                                     if v is not None}}}
             if i["kind"] == "chain":
-                raw["endpoints"] = {n: self.cfg.producers[n].model_dump() for n in raw.get("producers", [])
-                                    if n in self.cfg.producers}
+                raw["endpoints"] = {n: cfg.producers[n].model_dump() for n in raw.get("producers", [])
+                                    if n in cfg.producers}
                 raw.update(self.chain_cancels.fields(proc))
             fed = i.get("federation")
             return {"process": proc.dn, "kind": i["kind"], "raw": raw,
                     "federation": None if fed is None else {"name": fed, "config": (
-                        self.cfg.federations[fed].model_dump() if fed in self.cfg.federations else None)},
+                        cfg.federations[fed].model_dump() if fed in cfg.federations else None)},
                     "termination": i.get("termination"), "requirements": i.get("requirements"),
-                    "uploads": uploads, "progress_interval_s": self.cfg.progress_interval_s,
-                    "checkpoint_every": self.cfg.checkpoint_every, "resume": resume,
-                    "work_dir": None if self.cfg.work_dir is None else f"{self.cfg.work_dir}/{id_of(proc.dn)}"}
+                    "uploads": uploads, "progress_interval_s": cfg.progress_interval_s,
+                    "checkpoint_every": cfg.checkpoint_every, "resume": resume,
+                    "work_dir": None if cfg.work_dir is None else f"{cfg.work_dir}/{id_of(proc.dn)}"}
 
     # ------------------------------------------------------------------ worker messages
-    def _on_message(self, ldn: str, msg: dict[str, Any]) -> None:
+    def on_message(self, ldn: str, msg: dict[str, Any]) -> None:
+        """Take one message of the worker of process ``ldn`` (checkpoint, progress, state, refused, failed,
+        died, done); one about a process that is gone or has ended changes nothing."""
         kind = msg.get("kind")
         if kind == "checkpoint":
-            with self.store.write() as tx:
+            with self.shared.store.write() as tx:
                 proc = tx.get(ldn)
                 if proc is None or not transition(ProcessRecord.of(proc.internal),
                                                   Checkpointed(int(msg["iteration"]))).effects:
@@ -95,7 +126,7 @@ class WorkerMessagesMixin(ServiceBase):
             self._on_progress(ldn, msg["status"])
             return
         if kind == "state":
-            with self.store.write() as tx:
+            with self.shared.store.write() as tx:
                 proc = tx.get(ldn)
                 if proc is None or _phase(proc) is Phase.ENDED:
                     return
@@ -104,57 +135,57 @@ class WorkerMessagesMixin(ServiceBase):
                 self._apply_status(tx, proc, msg["status"], interim=msg.get("report"))
             return
         if kind == "refused":
-            with self.store.write() as tx:
+            with self.shared.store.write() as tx:
                 proc = tx.get(ldn)
                 if proc is not None and _phase(proc) is not Phase.ENDED:
-                    self._end_process(tx, proc, {"cause": Cause.CANCELLED.value, "status": "CANCELLED", "iterations": 0,
-                                                 "detail": f"refused before training: {msg.get('error')}",
-                                                 "model": proc.internal.get("model")}, None, None, refused=True)
+                    self.end_process(tx, proc, {"cause": Cause.CANCELLED.value, "status": "CANCELLED", "iterations": 0,
+                                                "detail": f"refused before training: {msg.get('error')}",
+                                                "model": proc.internal.get("model")}, None, None, refused=True)
             return
         if kind in ("failed", "died"):
             self._on_failure(ldn, msg)
             return
         if kind == "done":
-            with self.store.write() as tx:
+            with self.shared.store.write() as tx:
                 proc = tx.get(ldn)
                 if proc is None or _phase(proc) is Phase.ENDED:
                     return
                 report = msg["report"]
                 refused = report.get("iterations", 0) == 0 and report.get("cause") in (
                     Cause.INSUFFICIENT_TRAINING_SAMPLES.value, Cause.INSUFFICIENT_COMPUTE.value)
-                self._end_process(tx, proc, report, msg.get("model"), msg.get("model_name"), refused=refused)
+                self.end_process(tx, proc, report, msg.get("model"), msg.get("model_name"), refused=refused)
             self._last_progress.pop(ldn, None)
 
     def _on_progress(self, ldn: str, status: dict[str, Any]) -> None:
         """Store a running process's status, at most every ``progress_interval_s`` unless its percentage moved."""
         now = time.monotonic()
-        with self.store.write() as tx:
+        with self.shared.store.write() as tx:
             proc = tx.get(ldn)
             if proc is None or _phase(proc) is Phase.ENDED or self._repeated(proc, status):
                 return
             old_pct = proc.attributes["progressStatus"].get("progressPercentage")
             if (status.get("progressPercentage") == old_pct
-                    and now - self._last_progress.get(ldn, 0.0) < self.cfg.progress_interval_s):
+                    and now - self._last_progress.get(ldn, 0.0) < self.shared.cfg.progress_interval_s):
                 return
             self._last_progress[ldn] = now
             self._apply_status(tx, proc, status)
 
     def _on_failure(self, ldn: str, msg: dict[str, Any]) -> None:
         """A worker that failed ends its process (ENGINE_FAILURE); one that died has it queued again."""
-        with self.store.write() as tx:
+        with self.shared.store.write() as tx:
             proc = tx.get(ldn)
             if proc is None or _phase(proc) is Phase.ENDED:
                 return
             if msg.get("kind") == "died":  # killed, or crashed: as after a restart of the service
-                self._requeue_interrupted(tx, proc, f"its worker exited with code {msg.get('exitcode')}",
-                                          self.cfg.worker_restarts)
+                self.requeue_interrupted(tx, proc, f"its worker exited with code {msg.get('exitcode')}",
+                                         self.shared.cfg.worker_restarts)
                 return
             st = proc.vs_data.get("sluice-status") or {}
             detail = msg.get("error") or f"the worker exited with code {msg.get('exitcode')} before reporting"
             report = {"cause": Cause.ENGINE_FAILURE.value, "status": "FAILED", "detail": detail,
                       "iterations": st.get("iterations", 0), "performance": st.get("metrics", {}),
                       "duration_s": st.get("elapsed_s", 0.0), "model": proc.internal.get("model")}
-            self._end_process(tx, proc, report, None, None, refused=bool(msg.get("before_training")))
+            self.end_process(tx, proc, report, None, None, refused=bool(msg.get("before_training")))
 
     @staticmethod
     def _repeated(proc: MOI, st: dict[str, Any]) -> bool:
@@ -188,16 +219,41 @@ class WorkerMessagesMixin(ServiceBase):
             vs_status["detail"] = interim.get("detail", "")
         attrs: dict[str, Any] = {"progressStatus": ps}
         if st.get("participating_clients") and proc.internal.get("kind") == "hfl":
-            tf = ldn_to_dn(self.tf)
+            tf = ldn_to_dn(self.shared.tf)
             attrs["participatingFLClientRefList"] = [fl_client_dn(c, tf) for c in st["participating_clients"]]
-        self._set_process(tx, proc, attrs=attrs, vs={"sluice-status": vs_status}, internal=i)
+        set_process(tx, proc, attrs=attrs, vs={"sluice-status": vs_status}, internal=i)
 
-    def _end_process(self, tx: Tx, proc: MOI, report: dict[str, Any], model_bytes: bytes | None,
+    def requeue_interrupted(self, tx: Tx, row: MOI, why: str, limit: int | None = None) -> None:
+        """A process that lost its worker (``why``: the service stopped, or the worker died) goes back to the
+        queue (before anything queued later) to resume from its last checkpoint, or from scratch when it has
+        none and its engine trains here; one that can do neither, was being cancelled, or already lost ``limit``
+        workers, ends (FAILED with the reason, or CANCELLED): :class:`~sluice.control.lifecycle.Interrupted`.
+        Until its worker reports again a resuming process shows ``progressStateInfo`` RESUMING and its request stays
+        IN_PROGRESS; iterations it repeats (those after the checkpoint) change nothing the consumer has
+        already seen (``internal.resume.seen``)."""
+        st = dict(row.vs_data.get("sluice-status") or {})
+        done = int(st.get("iterations", 0) or 0)
+        ckpt = tx.s.get(Checkpoint, row.dn)
+        before = ProcessRecord.of(row.internal)
+        after, effects = transition(before, Interrupted(why, None if ckpt is None else ckpt.iteration, done, limit))
+        for end in effects:
+            if isinstance(end, EndWith):
+                report = {"cause": end.cause, "status": end.status, "detail": end.detail, "iterations": done,
+                          "performance": st.get("metrics", {}), "duration_s": st.get("elapsed_s", 0.0),
+                          "model": row.internal.get("model")}
+                self.end_process(tx, row, report, None, None)
+                return
+        status = dict(row.attributes["progressStatus"])
+        if status.get("status") != "SUSPENDED":
+            status["progressStateInfo"] = "RESUMING"
+        set_process(tx, row, attrs={"progressStatus": status}, internal=after.changes(before))
+
+    def end_process(self, tx: Tx, proc: MOI, report: dict[str, Any], model_bytes: bytes | None,
                      model_name: str | None, *, refused: bool = False) -> None:
         """One transaction: the report (and the model with its file) are created, the process ends, the
         request follows; the notifications of all of it are queued together."""
         pid = id_of(proc.dn)
-        rep_ldn = f"{self.tf}/MLTrainingReport={pid}"
+        rep_ldn = f"{self.shared.tf}/MLTrainingReport={pid}"
         model_ldn = None
         ident = report.get("model") or proc.internal.get("model") or {}
         if model_bytes:
@@ -213,15 +269,15 @@ class WorkerMessagesMixin(ServiceBase):
         ps = _ended_progress(proc, report)
         attrs = {"progressStatus": ps, "trainingReportRef": ldn_to_dn(rep_ldn)}
         if clients:
-            attrs["participatingFLClientRefList"] = participating_fl_clients(clients, ldn_to_dn(self.tf))
+            attrs["participatingFLClientRefList"] = participating_fl_clients(clients, ldn_to_dn(self.shared.tf))
         if model_ldn is not None:
             attrs["mLModelRef"] = ldn_to_dn(model_ldn)
         st = _ended_status(proc, report, perf, ps)
         before = ProcessRecord.of(proc.internal)
         after, effects = transition(before, Ended(refused))
-        self._set_process(tx, proc, attrs=attrs, vs={"sluice-status": st},
-                          internal={"phase": after.phase.value, "refused": after.refused, "ended_at": time.time(),
-                                    "model": ident or proc.internal.get("model")})
+        set_process(tx, proc, attrs=attrs, vs={"sluice-status": st},
+                    internal={"phase": after.phase.value, "refused": after.refused, "ended_at": time.time(),
+                              "model": ident or proc.internal.get("model")})
         ckpt = tx.s.get(Checkpoint, proc.dn) if effects else None  # DropCheckpoint
         if ckpt is not None:
             tx.s.delete(ckpt)
@@ -243,7 +299,7 @@ class WorkerMessagesMixin(ServiceBase):
         if ratio is not None:
             rattrs["dataRatioTrainingAndValidation"] = ratio
         if clients:
-            rattrs["fLReportPerClient"] = fl_report_per_client(clients, ldn_to_dn(self.tf))
+            rattrs["fLReportPerClient"] = fl_report_per_client(clients, ldn_to_dn(self.shared.tf))
         if proc.internal.get("last_report"):
             rattrs["lastTrainingRef"] = proc.internal["last_report"]
         if model_ldn is not None:
@@ -255,9 +311,10 @@ class WorkerMessagesMixin(ServiceBase):
         """The ``MLModel`` of a process that trained one, with its file; its LDN."""
         pid = id_of(proc.dn)
         base = safe_id(f"{ident.get('id', 'model')}-v{ident.get('version', '1')}")
-        model_ldn = f"{self.repo}/MLModel={base}"
+        repo = self.shared.repo
+        model_ldn = f"{repo}/MLModel={base}"
         if tx.get(model_ldn) is not None:
-            model_ldn = f"{self.repo}/MLModel={base}-{pid}"
+            model_ldn = f"{repo}/MLModel={base}-{pid}"
         req = tx.get(proc.internal["request"])
         mattrs: dict[str, Any] = {"mLModelId": str(ident.get("id", "model")),
                                   "mLModelVersion": str(ident.get("version", "1")),

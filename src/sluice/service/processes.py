@@ -1,19 +1,17 @@
-"""Processes: the consumer's controls (cancel, suspend/resume, parameters, the answer to a proposal) and a process that
-lost its worker, as the transitions of :mod:`sluice.control.lifecycle`.
-
-A part of :class:`sluice.service.core.TrainingService` (whose other parts it uses through ``self``)."""
+"""Processes: the consumer's controls (cancel, suspend/resume, parameters, the answer to a proposal, training
+data), as the transitions of :mod:`sluice.control.lifecycle`."""
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from sluice.config import merge_patch
 from sluice.control.lifecycle import (
     Agreed,
     Cancel,
     EndWith,
-    Interrupted,
     Phase,
     ProcessRecord,
     Refused,
@@ -24,8 +22,8 @@ from sluice.control.lifecycle import (
 from sluice.control.params import parse_requirements, parse_termination
 from sluice.control.report import brief
 from sluice.errors import ConfigError
-from sluice.service.base import _DUMP, ServiceBase, _phase
-from sluice.service.db import MOI, Checkpoint
+from sluice.service.base import _DUMP, Shared, _phase, call_worker, check_attrs, set_process
+from sluice.service.db import MOI
 from sluice.service.nrm import (
     READ_ONLY,
     MnSError,
@@ -34,44 +32,27 @@ from sluice.service.nrm import (
 from sluice.service.store import Tx
 from sluice.service.validate import config_error as _config_error
 from sluice.service.validate import parse_conditions
-from sluice.service.worker import WorkerGone
+from sluice.service.worker import Supervisor, WorkerGone
 
 
-class ProcessesMixin(ServiceBase):
-    def _requeue_interrupted(self, tx: Tx, row: MOI, why: str, limit: int | None = None) -> None:
-        """A process that lost its worker (``why``: the service stopped, or the worker died) goes back to the
-        queue (before anything queued later) to resume from its last checkpoint, or from scratch when it has
-        none and its engine trains here; one that can do neither, was being cancelled, or already lost ``limit``
-        workers, ends (FAILED with the reason, or CANCELLED): :class:`~sluice.control.lifecycle.Interrupted`.
-        Until its worker reports again a resuming process shows ``progressStateInfo`` RESUMING and its request stays
-        IN_PROGRESS; iterations it repeats (those after the checkpoint) change nothing the consumer has
-        already seen (``internal.resume.seen``)."""
-        st = dict(row.vs_data.get("sluice-status") or {})
-        done = int(st.get("iterations", 0) or 0)
-        ckpt = tx.s.get(Checkpoint, row.dn)
-        before = ProcessRecord.of(row.internal)
-        after, effects = transition(before, Interrupted(why, None if ckpt is None else ckpt.iteration, done, limit))
-        for end in effects:
-            if isinstance(end, EndWith):
-                report = {"cause": end.cause, "status": end.status, "detail": end.detail, "iterations": done,
-                          "performance": st.get("metrics", {}), "duration_s": st.get("elapsed_s", 0.0),
-                          "model": row.internal.get("model")}
-                self._end_process(tx, row, report, None, None)
-                return
-        status = dict(row.attributes["progressStatus"])
-        if status.get("status") != "SUSPENDED":
-            status["progressStateInfo"] = "RESUMING"
-        self._set_process(tx, row, attrs={"progressStatus": status}, internal=after.changes(before))
+class EndProcess(Protocol):
+    """What ends a process with its report and model (:meth:`sluice.service.messages.WorkerMessages.end_process`)."""
 
-    # ------------------------------------------------------------------ controls
-    def _call(self, proc: MOI, cmd: dict[str, Any], attr: str) -> None:
-        try:
-            ack = self.supervisor.call(proc.dn, cmd)
-        except WorkerGone as exc:
-            raise MnSError(409, "the training process is not running any more", bad_attributes=[attr]) from exc
-        if not ack.get("ok"):
-            status = 503 if ack.get("timeout") else 400
-            raise MnSError(status, f"the training process refused it: {ack.get('error')}", bad_attributes=[attr])
+    def __call__(self, tx: Tx, proc: MOI, report: dict[str, Any], model_bytes: bytes | None,
+                 model_name: str | None, *, refused: bool = False) -> None: ...
+
+
+class Processes:
+    """The consumer's controls of a process, each a transition of :mod:`sluice.control.lifecycle` whose
+    effects are carried out here: a worker told (``supervisor``), or the process ended without one
+    (``end_process``); training data for a process goes to ``upload``."""
+
+    def __init__(self, shared: Shared, supervisor: Supervisor, end_process: EndProcess,
+                 upload: Callable[[str, Any], MOI]) -> None:
+        self.shared = shared
+        self.supervisor = supervisor
+        self.end_process = end_process
+        self.upload = upload
 
     @staticmethod
     def _ended_with(proc: MOI, end: EndWith) -> dict[str, Any]:
@@ -86,17 +67,17 @@ class ProcessesMixin(ServiceBase):
         except WorkerGone:
             pass  # it is ending anyway; its done message settles the state
 
-    def _cancel_pending(self, tx: Tx, proc: MOI) -> None:
+    def cancel_pending(self, tx: Tx, proc: MOI) -> None:
         """End a process that has no worker as CANCELLED, through CANCELLING."""
         before = ProcessRecord.of(proc.internal)
         after, effects = transition(before, Cancel())
-        self._set_process(tx, proc, attrs={"cancelProcess": True}, internal=after.changes(before))
+        set_process(tx, proc, attrs={"cancelProcess": True}, internal=after.changes(before))
         for end in effects:
             if isinstance(end, EndWith):
-                self._end_process(tx, proc, self._ended_with(proc, end), None, None)
+                self.end_process(tx, proc, self._ended_with(proc, end), None, None)
 
-    def _cancel(self, proc_ldn: str) -> None:
-        with self.store.write() as tx:
+    def cancel(self, proc_ldn: str) -> None:
+        with self.shared.store.write() as tx:
             proc = tx.get(proc_ldn)
             assert proc is not None
             before = ProcessRecord.of(proc.internal)
@@ -106,18 +87,18 @@ class ProcessesMixin(ServiceBase):
             attrs: dict[str, Any] = {"cancelProcess": True}
             if before.phase.active:
                 attrs["progressStatus"] = {**proc.attributes["progressStatus"], "progressStateInfo": "CANCELLING"}
-            self._set_process(tx, proc, attrs=attrs, internal=after.changes(before))
+            set_process(tx, proc, attrs=attrs, internal=after.changes(before))
         for effect in effects:
             if isinstance(effect, EndWith):
-                with self.store.write() as tx:  # a second transaction: CANCELLING, then CANCELLED
+                with self.shared.store.write() as tx:  # a second transaction: CANCELLING, then CANCELLED
                     proc = tx.get(proc_ldn)
                     assert proc is not None
-                    self._end_process(tx, proc, self._ended_with(proc, effect), None, None)
+                    self.end_process(tx, proc, self._ended_with(proc, effect), None, None)
             elif isinstance(effect, SendWorker):
                 self._send(proc_ldn, effect)
 
-    def _suspend(self, proc_ldn: str, on: bool) -> None:
-        with self.store.write() as tx:
+    def suspend(self, proc_ldn: str, on: bool) -> None:
+        with self.shared.store.write() as tx:
             proc = tx.get(proc_ldn)
             assert proc is not None
             before = ProcessRecord.of(proc.internal)
@@ -134,7 +115,7 @@ class ProcessesMixin(ServiceBase):
                 status.update(status="SUSPENDED" if on else ("RUNNING" if resuming else "NOT_STARTED"),
                               progressStateInfo="SUSPENDED" if on else ("RESUMING" if resuming else "QUEUED"))
                 attrs["progressStatus"] = status
-            self._set_process(tx, proc, attrs=attrs, internal={"suspended": after.suspended})
+            set_process(tx, proc, attrs=attrs, internal={"suspended": after.suspended})
             req = tx.get(proc.internal["request"])
             if req is not None and req.attributes.get("suspendRequest") != on:
                 tx.update(req, attributes={**req.attributes, "suspendRequest": on})
@@ -142,19 +123,13 @@ class ProcessesMixin(ServiceBase):
             if isinstance(effect, SendWorker):
                 self._send(proc_ldn, effect)
 
-    def modify_process(self, ldn: str, attrs_in: dict[str, Any], vs_in: dict[str, Any], *, merge: bool) -> MOI:
+    def modify(self, ldn: str, attrs_in: dict[str, Any], vs_in: dict[str, Any], *, merge: bool) -> MOI:
         """PATCH/PUT of a process: cancel, suspend/resume, priority, termination conditions, the answer to
         a proposal, and training data."""
-        proc = self.get(ldn)
-        old = {k: v for k, v in proc.attributes.items() if k not in READ_ONLY["MLTrainingProcess"]}
-        attrs = self._check_attrs("MLTrainingProcess", merge_patch(old, attrs_in) if merge else attrs_in,
-                                  old=proc.attributes)
-        for k in ("cancelProcess", "suspendProcess"):
-            attrs.setdefault(k, old.get(k, False))
+        proc = self.shared.get(ldn)
+        old, attrs = _process_attrs(proc, attrs_in, merge)
         record = ProcessRecord.of(proc.internal)
         phase = record.phase
-        if "priority" in attrs and (not isinstance(attrs["priority"], int) or isinstance(attrs["priority"], bool)):
-            raise MnSError(400, "priority must be an integer", bad_attributes=["priority"])
         data = vs_in.pop("sluice-data", None)
         neg = vs_in.pop("sluice-negotiation", None)
         new_term, replace = self._new_termination(proc, attrs, old, vs_in.pop("sluice-termination", None), merge)
@@ -175,11 +150,11 @@ class ProcessesMixin(ServiceBase):
             self._send_parameters(proc, new_term, replace, new_req)
         self._store_parameters(ldn, attrs.get("priority"), new_term, new_req, sent=sent)
         if suspend_change:
-            self._suspend(ldn, attrs["suspendProcess"])
+            self.suspend(ldn, attrs["suspendProcess"])
         if cancel:
-            self._cancel(ldn)
+            self.cancel(ldn)
         self.supervisor.wake()
-        return self.get(ldn)
+        return self.shared.get(ldn)
 
     def _send_parameters(self, proc: MOI, new_term: dict[str, Any] | None, replace: bool,
                          new_req: dict[str, Any] | None) -> None:
@@ -189,13 +164,13 @@ class ProcessesMixin(ServiceBase):
             cmd.update(termination=new_term, replace=replace)
         if new_req is not None:
             cmd["requirements"] = new_req
-        self._call(proc, cmd, "terminationConditions")
+        call_worker(self.supervisor, proc, cmd, "terminationConditions")
 
     def _store_parameters(self, ldn: str, priority: int | None, new_term: dict[str, Any] | None,
                           new_req: dict[str, Any] | None, *, sent: bool) -> None:
         """Record a changed priority, and new termination parameters or requirements: those the worker took
         (``sent``) even when they ended its run meanwhile, the others unless the process ended."""
-        with self.store.write() as tx:
+        with self.shared.store.write() as tx:
             p = tx.get(ldn)
             assert p is not None
             a: dict[str, Any] = {}
@@ -212,7 +187,7 @@ class ProcessesMixin(ServiceBase):
                 v["sluice-requirements"] = new_req
                 i["requirements"] = new_req
             if a or v or i:
-                self._set_process(tx, p, attrs=a, vs=v, internal=i)
+                set_process(tx, p, attrs=a, vs=v, internal=i)
 
     @staticmethod
     def _new_termination(proc: MOI, attrs: dict[str, Any], old: dict[str, Any], term_patch: Any,
@@ -264,7 +239,7 @@ class ProcessesMixin(ServiceBase):
         if new_term is None and neg.get("accept") is not True:
             raise MnSError(400, "answer a proposal with {accept: true}, or modify it with sluice-termination or "
                            "terminationConditions", bad_attributes=["VsDataContainer/sluice-negotiation"])
-        with self.store.write() as tx:
+        with self.shared.store.write() as tx:
             p = tx.get(ldn)
             assert p is not None
             before = ProcessRecord.of(p.internal)
@@ -283,9 +258,21 @@ class ProcessesMixin(ServiceBase):
             if new_req is not None:
                 vs["sluice-requirements"] = new_req
                 internal["requirements"] = new_req
-            self._set_process(tx, p, attrs={"progressStatus": status,
-                                            "terminationConditions": brief(parse_termination(agreed))},
-                              vs=vs, internal=internal)
+            set_process(tx, p, attrs={"progressStatus": status,
+                                      "terminationConditions": brief(parse_termination(agreed))},
+                        vs=vs, internal=internal)
+
+
+def _process_attrs(proc: MOI, attrs_in: dict[str, Any], merge: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A process's writable attributes before and after a PUT (``attrs_in`` replaces them) or a merge patch
+    (``merge``), checked; the controls keep their old values unless given."""
+    old = {k: v for k, v in proc.attributes.items() if k not in READ_ONLY["MLTrainingProcess"]}
+    attrs = check_attrs("MLTrainingProcess", merge_patch(old, attrs_in) if merge else attrs_in, old=proc.attributes)
+    for k in ("cancelProcess", "suspendProcess"):
+        attrs.setdefault(k, old.get(k, False))
+    if "priority" in attrs and (not isinstance(attrs["priority"], int) or isinstance(attrs["priority"], bool)):
+        raise MnSError(400, "priority must be an integer", bad_attributes=["priority"])
+    return old, attrs
 
 
 def _refuse_on_ended(proc: MOI, cancel: bool, suspend_change: bool, parameters: bool) -> None:

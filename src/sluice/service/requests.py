@@ -1,46 +1,54 @@
-"""Requests: create, replace and modify an ``MLTrainingRequest``; the request's status follows its latest process.
-
-A part of :class:`sluice.service.core.TrainingService` (whose other parts it uses through ``self``)."""
+"""Requests: create, replace, modify and delete an ``MLTrainingRequest``; the request's status follows its latest
+process."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Any
 
 from sluice.config import merge_patch
-from sluice.control.lifecycle import (
-    Created,
-    Phase,
-    ProcessRecord,
-    created,
-    request_status,
-)
+from sluice.control.lifecycle import Phase
 from sluice.control.params import parse_termination
 from sluice.control.report import brief
 from sluice.errors import SluiceError
-from sluice.service.auth import Actor, inherited, tag
-from sluice.service.base import ServiceBase, _phase
-from sluice.service.capabilities import chain_capabilities, fit_job, inference_type
+from sluice.service.auth import Actor, tag
+from sluice.service.base import Shared, _phase, call_worker, check_attrs, set_process, sync_request
+from sluice.service.capabilities import Prober, chain_capabilities, fit_job, inference_type
+from sluice.service.cascade import delete_request_tree
 from sluice.service.db import MOI
 from sluice.service.identity import request_model
 from sluice.service.nrm import (
-    READ_ONLY,
-    WRITABLE,
     MnSError,
     check_id,
     id_of,
     ldn_to_dn,
     read_vs,
-    safe_id,
 )
+from sluice.service.processes import Processes
+from sluice.service.proposals import Proposals
+from sluice.service.retraining import Retraining
 from sluice.service.store import Tx
 from sluice.service.tasks import check_args, producer_job, producer_task
 from sluice.service.validate import config_error as _config_error
 from sluice.service.vsdata import StoredJob, request_vs
+from sluice.service.worker import Supervisor
 
 
-class RequestsMixin(ServiceBase):
+class Requests:
+    """The consumer's requests: each is created with its first process (``proposals``), and a change of one
+    acts on its latest process (``processes``) or starts a retraining (``retraining``); ``prober`` says what
+    an engine reports, ``supervisor`` is woken for what may start."""
+
+    def __init__(self, shared: Shared, supervisor: Supervisor, prober: Prober, proposals: Proposals,
+                 processes: Processes, retraining: Retraining) -> None:
+        self.shared = shared
+        self.cfg = shared.cfg
+        self.supervisor = supervisor
+        self.prober = prober
+        self.proposals = proposals
+        self.processes = processes
+        self.retraining = retraining
+
     # ------------------------------------------------------------------ requests: create / replace
     def _job_from(self, attrs: dict[str, Any], vs: dict[str, Any], rid: str) -> StoredJob:
         """The job a request asks for, validated without building an engine: ``kind``, ``raw`` (engine
@@ -154,133 +162,67 @@ class RequestsMixin(ServiceBase):
             raise MnSError(400, f"unknown producer(s) {', '.join(map(str, unknown))}; this service knows: {known}",
                            bad_attributes=["VsDataContainer/sluice-job"])
 
-    def _check_attrs(self, cls: str, attrs: Any, *, old: dict[str, Any] | None = None) -> dict[str, Any]:
-        if not isinstance(attrs, dict):
-            raise MnSError(400, "attributes must be an object", bad_attributes=["attributes"])
-        ro = sorted(k for k in attrs if k in READ_ONLY[cls] and (old is None or attrs[k] != old.get(k)))
-        if ro:
-            raise MnSError(400, f"read-only attributes of {cls}: {', '.join(ro)} (the producer sets them)",
-                           bad_attributes=ro)
-        unknown = sorted(k for k in attrs if k not in WRITABLE[cls] and k not in READ_ONLY[cls])
-        if unknown:
-            raise MnSError(400, f"{cls} has no attribute {', '.join(unknown)}", bad_attributes=unknown)
-        for k in ("cancelRequest", "suspendRequest", "cancelProcess", "suspendProcess"):
-            if k in attrs and not isinstance(attrs[k], bool):
-                raise MnSError(400, f"{k} must be true or false", bad_attributes=[k])
-        return {k: v for k, v in attrs.items() if k not in READ_ONLY[cls]}
-
-    def put_request(self, ldn: str, body: dict[str, Any], actor: Actor | None = None) -> tuple[MOI, bool]:
+    def put(self, ldn: str, body: dict[str, Any], actor: Actor | None = None) -> tuple[MOI, bool]:
         """Create (True, owned by ``actor``) or replace (False; 404 when ``actor`` may not see it) the request."""
-        if self.store.get(ldn) is None:
-            return self.create_request(ldn, body, actor), True
-        self.get(ldn, actor)
-        return self.modify_request(ldn, body.get("attributes") or {}, read_vs(body, "MLTrainingRequest"),
-                                   replace=True), False
+        if self.shared.store.get(ldn) is None:
+            return self.create(ldn, body, actor), True
+        self.shared.get(ldn, actor)
+        return self.modify(ldn, body.get("attributes") or {}, read_vs(body, "MLTrainingRequest"),
+                           replace=True), False
 
-    def new_request_id(self) -> str:
+    @staticmethod
+    def new_id() -> str:
+        """An id for a request the consumer did not name."""
         return f"R{uuid.uuid4().hex[:12]}"
 
-    def create_request(self, ldn: str, body: dict[str, Any], actor: Actor | None = None) -> MOI:
+    def create(self, ldn: str, body: dict[str, Any], actor: Actor | None = None) -> MOI:
+        """The request at ``ldn`` (owned by ``actor``) with its first process; 409 when it exists."""
         check_id(id_of(ldn))
-        attrs = self._check_attrs("MLTrainingRequest", body.get("attributes") or {})
+        attrs = check_attrs("MLTrainingRequest", body.get("attributes") or {})
         vs = read_vs(body, "MLTrainingRequest")
         job = self._job_from(attrs, vs, id_of(ldn))
         attrs.setdefault("cancelRequest", False)
         attrs.setdefault("suspendRequest", False)
         attrs["requestStatus"] = "NOT_STARTED"
-        with self.store.write() as tx:
+        with self.shared.store.write() as tx:
             if tx.get(ldn) is not None:
                 raise MnSError(409, f"{ldn_to_dn(ldn)} exists")
             req = tx.create(ldn, "MLTrainingRequest", attrs, vs, {"processes": [], "job": job.stored(), **tag(actor)})
-            proc = self._new_process(tx, req, job, trigger="CONSUMER_REQUEST", suspended=attrs["suspendRequest"])
+            proc = self.proposals.new_process(tx, req, job, trigger="CONSUMER_REQUEST",
+                                              suspended=attrs["suspendRequest"])
             if attrs["cancelRequest"]:
-                self._cancel_pending(tx, proc)
-            self._sync_request(tx, proc)
+                self.processes.cancel_pending(tx, proc)
+            sync_request(tx, proc)
         self.supervisor.wake()
-        return self.get(ldn)
+        return self.shared.get(ldn)
 
-    def _new_process(self, tx: Tx, req: MOI, job: StoredJob, *, trigger: str, suspended: bool = False,
-                     model: dict[str, Any] | None = None, last_report: str | None = None) -> MOI:
-        n = len(req.internal.get("processes", [])) + 1
-        pid = safe_id(f"{id_of(req.dn)}-{n}")
-        while tx.get(f"{self.tf}/MLTrainingProcess={pid}") is not None:  # kept from a deleted request of this id
-            n += 1
-            pid = safe_id(f"{id_of(req.dn)}-{n}")
-        ldn = f"{self.tf}/MLTrainingProcess={pid}"
-        model = model or job.model
-        decided = job.decided_by if trigger == "CONSUMER_REQUEST" else "agreed"
-        neg: dict[str, Any] = {"decidedBy": job.decided_by, "state": "AGREED"}
-        termination = job.termination
-        if decided in ("producer", "negotiated"):
-            termination, rationale = self._propose(job)
-            neg["proposal"] = termination
-            neg["rationale"] = rationale
-            if decided == "negotiated":
-                neg["state"] = "PROPOSED"
-        record = created(Created(negotiated=neg["state"] == "PROPOSED", suspended=bool(suspended), kind=job.kind))
-        status = {"status": "NOT_STARTED", "progressPercentage": 0,
-                  "progressStateInfo": "AWAITING_AGREEMENT" if record.phase is Phase.PROPOSED else "QUEUED",
-                  "resultStateInfo": ""}
-        if suspended and record.phase is Phase.QUEUED:
-            status.update(status="SUSPENDED", progressStateInfo="SUSPENDED")
-        attrs = {"priority": int(req.internal.get("priority", 0)),
-                 "terminationConditions": brief(parse_termination(termination)) if termination else "",
-                 "progressStatus": status, "cancelProcess": False, "suspendProcess": bool(suspended),
-                 "trainingRequestRef": [ldn_to_dn(req.dn)]}
-        vs = {"sluice-negotiation": neg, "sluice-status": {"state": status["status"], "iterations": 0}}
-        if termination is not None:
-            vs["sluice-termination"] = termination
-        if job.requirements:
-            vs["sluice-requirements"] = job.requirements
-        internal = {"phase": record.phase.value, "request": req.dn, "kind": job.kind, "raw": job.raw,
-                    "model": model, "trigger": trigger, "termination": termination,
-                    "requirements": job.requirements, "suspended": record.suspended, "queued_at": time.time(),
-                    "last_report": last_report, "federation": job.federation,
-                    **inherited(req.internal)}
-        proc = tx.create(ldn, "MLTrainingProcess", attrs, vs, internal)
-        ri = dict(req.internal)
-        ri["processes"] = [*ri.get("processes", []), ldn]
-        ri["current"] = ldn
-        tx.update(req, internal=ri, notify=False)
-        return proc
-
-    # ------------------------------------------------------------------ request status
-    @staticmethod
-    def _request_status(proc: MOI) -> str:
-        return request_status(ProcessRecord.of(proc.internal), proc.attributes.get("progressStatus", {}).get("status"))
-
-    def _sync_request(self, tx: Tx, proc: MOI) -> None:
-        req = tx.get(proc.internal["request"])
-        if req is None or req.internal.get("current") != proc.dn:
-            return
-        attrs = dict(req.attributes)
-        attrs["requestStatus"] = self._request_status(proc)
-        if attrs != req.attributes:
-            tx.update(req, attributes=attrs)
-
-    def _set_process(self, tx: Tx, proc: MOI, *, attrs: dict[str, Any] | None = None,
-                     vs: dict[str, Any] | None = None, internal: dict[str, Any] | None = None) -> None:
-        a = dict(proc.attributes)
-        a.update(attrs or {})
-        v = dict(proc.vs_data)
-        v.update(vs or {})
-        i = dict(proc.internal)
-        i.update(internal or {})
-        tx.update(proc, attributes=a, vs_data=v, internal=i)
-        self._sync_request(tx, proc)
+    def delete(self, ldn: str) -> None:
+        """Delete a request that is not training, with its processes and reports (its models stay); 409 while
+        its latest process is starting or running. A pending one is cancelled first."""
+        req = self.shared.get(ldn)
+        proc = self.shared.store.get(req.internal.get("current", ""))
+        if proc is not None and _phase(proc).active:
+            raise MnSError(409, f"the request is {req.attributes.get('requestStatus')}: cancel it "
+                           "(cancelRequest: true) and delete it once it has ended")
+        if proc is not None and _phase(proc).pending:
+            self.processes.cancel(proc.dn)
+        with self.shared.store.write() as tx:
+            cur = tx.get(ldn)
+            if cur is not None:
+                delete_request_tree(tx, cur)  # its processes and reports go with it, its models stay
 
     # ------------------------------------------------------------------ requests: modify
-    def modify_request(self, ldn: str, attrs_in: dict[str, Any], vs_in: dict[str, Any], *, replace: bool,
-                       merge: bool = False) -> MOI:
+    def modify(self, ldn: str, attrs_in: dict[str, Any], vs_in: dict[str, Any], *, replace: bool,
+               merge: bool = False) -> MOI:
         """Apply new attributes and VsData to a request: PUT replaces the writable attributes and
         containers, a merge patch merges them (``merge``). Cancel, suspend/resume, requirement and
         termination changes act on the current process; feedback may start a retraining."""
-        req = self.get(ldn)
+        req = self.shared.get(ldn)
         old_attrs, old_vs, attrs, vs = self._merged_request(req, attrs_in, vs_in, merge)
         attrs.setdefault("cancelRequest", old_attrs.get("cancelRequest", False))
         attrs.setdefault("suspendRequest", old_attrs.get("suspendRequest", False))
         feedback = vs.pop("sluice-feedback", None)
-        proc = self.get(req.internal["current"])
+        proc = self.shared.get(req.internal["current"])
         ended = _phase(proc) is Phase.ENDED
         job_keys = ("sluice-job", "sluice-requirements", "sluice-termination", "sluice-negotiation")
         job_attrs = ("performanceRequirements", "aIMLInferenceName")
@@ -297,20 +239,20 @@ class RequestsMixin(ServiceBase):
             self._update_running(proc, old_job, new_job)
         self._store_request(ldn, proc.dn, attrs, vs, new_job, job_changed, sent=sent)
         if suspend_change:
-            self._suspend(proc.dn, attrs["suspendRequest"])
+            self.processes.suspend(proc.dn, attrs["suspendRequest"])
         if cancel:
-            self._cancel(proc.dn)
+            self.processes.cancel(proc.dn)
         if feedback is not None:
-            self.feedback(ldn, feedback)
+            self.retraining.feedback(ldn, feedback)
         self.supervisor.wake()
-        return self.get(ldn)
+        return self.shared.get(ldn)
 
     def _store_request(self, ldn: str, proc_ldn: str, attrs: dict[str, Any], vs: dict[str, Any], job: StoredJob,
                        job_changed: bool, *, sent: bool) -> None:
         """Write the request's new attributes, vsData and job; a changed job requeues a pending process with it or
         records the termination parameters and requirements a running one took (``sent``: also when they ended
         its run meanwhile)."""
-        with self.store.write() as tx:
+        with self.shared.store.write() as tx:
             cur = tx.get(ldn)
             assert cur is not None
             new_attrs = dict(attrs)
@@ -324,7 +266,7 @@ class RequestsMixin(ServiceBase):
                 self._requeue_with(tx, cur, p, job)
             elif job_changed and (sent or _phase(p).active):
                 term = job.termination
-                self._set_process(tx, p, vs={k: v for k, v in (
+                set_process(tx, p, vs={k: v for k, v in (
                     ("sluice-termination", term), ("sluice-requirements", job.requirements)) if v is not None},
                     attrs={"terminationConditions": brief(parse_termination(term)) if term else p.attributes.get(
                         "terminationConditions", "")},
@@ -338,8 +280,8 @@ class RequestsMixin(ServiceBase):
         old_attrs = {k: v for k, v in req.attributes.items() if k != "requestStatus"}
         old_vs = {k: v for k, v in req.vs_data.items() if k not in ("sluice-trigger",)}
         if not merge:
-            return old_attrs, old_vs, self._check_attrs("MLTrainingRequest", attrs_in, old=req.attributes), dict(vs_in)
-        attrs = self._check_attrs("MLTrainingRequest", merge_patch(old_attrs, attrs_in) if isinstance(
+            return old_attrs, old_vs, check_attrs("MLTrainingRequest", attrs_in, old=req.attributes), dict(vs_in)
+        attrs = check_attrs("MLTrainingRequest", merge_patch(old_attrs, attrs_in) if isinstance(
             attrs_in, dict) else attrs_in, old=req.attributes)
         vs = dict(old_vs)
         for k, v in vs_in.items():
@@ -367,7 +309,7 @@ class RequestsMixin(ServiceBase):
             upd["termination"] = new_job.termination
             upd["replace"] = True
         if len(upd) > 1:
-            self._call(proc, upd, "VsDataContainer/sluice-termination")
+            call_worker(self.supervisor, proc, upd, "VsDataContainer/sluice-termination")
 
     def _requeue_with(self, tx: Tx, req: MOI, proc: MOI, job: StoredJob) -> None:
         """A request changed before its process started: the process takes the new job (and a new proposal
@@ -375,7 +317,7 @@ class RequestsMixin(ServiceBase):
         neg = {"decidedBy": job.decided_by, "state": "AGREED"}
         termination = job.termination
         if job.decided_by in ("producer", "negotiated"):
-            termination, rationale = self._propose(job)
+            termination, rationale = self.proposals.propose(job)
             neg.update(proposal=termination, rationale=rationale)
             if job.decided_by == "negotiated":
                 neg["state"] = "PROPOSED"
@@ -397,7 +339,7 @@ class RequestsMixin(ServiceBase):
         i.update(phase=phase.value, kind=job.kind, raw=job.raw, model=job.model, termination=termination,
                  requirements=job.requirements, federation=job.federation)
         tx.update(proc, attributes=a, vs_data=v, internal=i)
-        self._sync_request(tx, proc)
+        sync_request(tx, proc)
 
 
 def _refuse_on_ended(req: MOI, proc: MOI, cancel: bool, suspend_change: bool) -> None:

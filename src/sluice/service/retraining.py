@@ -1,105 +1,50 @@
-"""Proposals, training data (T6) and retraining (T7): the producer's history, consumer feedback, uploads.
-
-A part of :class:`sluice.service.core.TrainingService` (whose other parts it uses through ``self``)."""
+"""Training data (T6) and retraining (T7): uploads, consumer feedback, and the new process either starts."""
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from sluice.control.lifecycle import (
     Phase,
 )
-from sluice.control.params import parse_requirements
 from sluice.errors import ConfigError
-from sluice.service.base import _DUMP, ServiceBase, _phase
-from sluice.service.capabilities import fit_proposal
+from sluice.service.base import Shared, _phase, call_worker, set_process, sync_request
 from sluice.service.db import MOI, Upload
 from sluice.service.nrm import (
     MnSError,
-    id_of,
     ldn_to_dn,
     now_iso,
 )
 from sluice.service.store import Tx
 from sluice.service.validate import check_data
-from sluice.service.validate import finite as _finite
 from sluice.service.vsdata import StoredJob
 from sluice.service.vsdata import feedback as read_feedback
+from sluice.service.worker import Supervisor
 
 
-class RetrainingMixin(ServiceBase):
-    # ------------------------------------------------------------------ processes: create / negotiate
-    def _history(self) -> Any:
-        return self._history_and_shapes()[0]
+class NewProcess(Protocol):
+    """What creates a request's next process (:meth:`sluice.service.proposals.Proposals.new_process`)."""
 
-    def _next_spec(self) -> dict[str, Any] | None:
-        """The next queued process's worker spec, with the runs of its job shape that the store remembers
-        (``history``, ``history_shape``): its estimate of the remaining iterations learns from them."""
-        spec = self._pick_next()
-        if spec is None:
-            return None
-        try:
-            hist, shapes = self._history_and_shapes()
-        except Exception:  # noqa: BLE001 - the history is a help; a process starts without it
-            return spec
-        shape = shapes.get(id_of(spec["process"]))
-        spec["history_shape"] = shape
-        spec["history"] = [r.model_dump(mode="json") for r in hist.records if shape is not None and r.shape == shape]
-        return spec
+    def __call__(self, tx: Tx, req: MOI, job: StoredJob, *, trigger: str, suspended: bool = False,
+                 model: dict[str, Any] | None = None, last_report: str | None = None) -> MOI: ...
 
-    def _history_and_shapes(self) -> tuple[Any, dict[str, str]]:
-        """The store's past runs (a :class:`~sluice.control.history.RunHistory`) and each process's job shape."""
-        from sluice.control.history import RunHistory, RunRecord, job_shape, reached_of
 
-        hist = RunHistory()
-        with self.store.read() as s:
-            import sqlalchemy as sa
+class Retraining:
+    """Training data for a process (T6), consumer feedback, and the retraining either starts (T7): a new
+    process of the request (``new_process``), which the ``supervisor`` is woken for."""
 
-            shapes = {id_of(p.dn): job_shape(p.internal.get("kind"), p.internal.get("raw"), p.internal.get(
-                "requirements")) for p in s.scalars(sa.select(MOI).where(MOI.object_class == "MLTrainingProcess"))}
-            for row in s.scalars(sa.select(MOI).where(MOI.object_class == "MLTrainingReport").order_by(MOI.seq)):
-                r = row.vs_data.get("sluice-report") or {}
-                m = r.get("model") or {}
-                try:
-                    hist.add(RunRecord(model_id=m.get("id", "model"), model_type=m.get("type"),
-                                       version=str(m.get("version", "1")), cause=r.get("cause", "ENGINE_FAILURE"),
-                                       fired=(r.get("criterion") or {}).get("rule"),
-                                       iterations=int(r.get("iterations") or 0),
-                                       duration_s=float(r.get("duration_s") or 0.0),
-                                       performance={k: v for k, v in (r.get("performance") or {}).items()
-                                                    if _finite(v)}, run_id=id_of(row.dn),
-                                       shape=shapes.get(id_of(row.dn)), reached=reached_of(r.get("criterion"))))
-                except (ValueError, TypeError):
-                    continue
-        return hist, shapes
-
-    def _propose(self, job: StoredJob) -> tuple[dict[str, Any], list[str]]:
-        from sluice.control.history import job_shape
-        from sluice.control.params import parse_model
-        from sluice.control.producer import Producer
-
-        def no_engine(*_: Any) -> Any:
-            raise ConfigError("proposals need no engine")
-
-        with self._policy_lock:
-            producer = Producer(self.cfg.training_function, no_engine, self.cfg.policy, self._history())
-            req = parse_requirements(job.requirements) if job.requirements else None
-            try:
-                prop = producer.propose(parse_model(job.model), req,
-                                        shape=job_shape(job.kind, job.raw, job.requirements))
-            except ConfigError as exc:  # a metric of the engine's own that the policy cannot judge
-                raise MnSError(400, f"the producer cannot propose parameters for this request: {exc}; send them "
-                               "(decidedBy consumer)", bad_attributes=["VsDataContainer/sluice-negotiation"]) from exc
-        fit_proposal(prop.termination.model_dump(**_DUMP), job)
-        return prop.termination.model_dump(**_DUMP), list(prop.rationale)
+    def __init__(self, shared: Shared, supervisor: Supervisor, new_process: NewProcess) -> None:
+        self.shared = shared
+        self.supervisor = supervisor
+        self.new_process = new_process
 
     # ------------------------------------------------------------------ data (T6) and triggers (T7)
     def upload(self, proc_ldn: str, data: Any) -> MOI:
         """Training data for a process: a running one checks and takes it at once (a 400 says why it cannot);
         an ended one is retrained with it (updated training data, T7): a new process, the next version."""
         data = check_data(data)
-        proc = self.get(proc_ldn)
+        proc = self.shared.get(proc_ldn)
         want, width = self._request_features(proc), len(data["X"][0])
         if want is not None and width != want:
             raise MnSError(400, f"sluice-data X has {width} features per sample; the training data this request "
@@ -111,21 +56,21 @@ class RetrainingMixin(ServiceBase):
                                bad_attributes=["VsDataContainer/sluice-data"])
             self._retrain(proc.internal["request"], "DATA_UPDATED", "training data updated: retraining",
                           upload=(proc_ldn, data))
-            return self.get(proc_ldn)
+            return self.shared.get(proc_ldn)
         if phase.active:
-            self._call(proc, {"cmd": "data", "data": data}, "VsDataContainer/sluice-data")
-        with self.store.write() as tx:
+            call_worker(self.supervisor, proc, {"cmd": "data", "data": data}, "VsDataContainer/sluice-data")
+        with self.shared.store.write() as tx:
             p = tx.get(proc_ldn)
             assert p is not None
             self._store_upload(tx, p, data)
-        return self.get(proc_ldn)
+        return self.shared.get(proc_ldn)
 
     def _request_features(self, proc: MOI) -> int | None:
         """Features per sample of the data the request of ``proc`` took so far (``sluice-data.features`` of
         its processes, the latest first), or None before its first accepted upload."""
-        req = self.store.get(proc.internal.get("request", ""))
+        req = self.shared.store.get(proc.internal.get("request", ""))
         for ldn in reversed(req.internal.get("processes", []) if req is not None else [proc.dn]):
-            row = proc if ldn == proc.dn else self.store.get(ldn)
+            row = proc if ldn == proc.dn else self.shared.store.get(ldn)
             features = ((row.vs_data.get("sluice-data") or {}) if row is not None else {}).get("features")
             if isinstance(features, int):
                 return features
@@ -139,7 +84,7 @@ class RetrainingMixin(ServiceBase):
         st["samples"] = int(st.get("samples", 0)) + len(data["X"])
         st["features"] = len(data["X"][0])
         st["last"] = now_iso()
-        self._set_process(tx, proc, vs={"sluice-data": st})
+        set_process(tx, proc, vs={"sluice-data": st})
 
     def feedback(self, req_ldn: str, fb: Any) -> None:
         """Consumer feedback on the model in use: retrain when the measured value is worse than the policy's
@@ -152,13 +97,14 @@ class RetrainingMixin(ServiceBase):
             higher = spec_of(name).higher_is_better
         except (ValueError, ConfigError) as exc:
             raise MnSError(400, str(exc), bad_attributes=["VsDataContainer/sluice-feedback"]) from exc
-        thr = self.cfg.policy.retrain_below.get(name)
+        policy = self.shared.cfg.policy
+        thr = policy.retrain_below.get(name)
         value = fb.value
-        req = self.get(req_ldn)
-        proc = self.get(req.internal["current"])
+        req = self.shared.get(req_ldn)
+        proc = self.shared.get(req.internal["current"])
         if thr is None:
             answer = {"accepted": False, "reason": f"no retraining threshold for {name}; the policy has "
-                      f"{sorted(self.cfg.policy.retrain_below)}"}
+                      f"{sorted(policy.retrain_below)}"}
         elif (value >= thr) if higher else (value <= thr):
             answer = {"accepted": False, "reason": f"{name} in use {value:g} meets threshold {thr:g}; no retraining"}
         elif _phase(proc) is not Phase.ENDED:
@@ -166,7 +112,7 @@ class RetrainingMixin(ServiceBase):
         else:
             self._retrain(req_ldn, "CONSUMER_FEEDBACK", f"{name} in use {value:g} is worse than {thr:g}: retraining")
             return
-        with self.store.write() as tx:
+        with self.shared.store.write() as tx:
             r = tx.get(req_ldn)
             assert r is not None
             tx.update(r, vs_data={**r.vs_data, "sluice-trigger": {"trigger": "CONSUMER_FEEDBACK", **answer,
@@ -178,7 +124,7 @@ class RetrainingMixin(ServiceBase):
         the same transaction, so a refusal (409) leaves everything as it was."""
         from sluice.control.params import parse_model
 
-        with self.store.write() as tx:
+        with self.shared.store.write() as tx:
             req = tx.get(req_ldn)
             if req is None:
                 raise MnSError(409, f"the request {ldn_to_dn(req_ldn)} was deleted; nothing retrains",
@@ -196,10 +142,10 @@ class RetrainingMixin(ServiceBase):
             job = StoredJob.of(req.internal["job"]).model_copy(update={
                 "termination": termination, "requirements": last.internal.get("requirements"),
                 "decided_by": "consumer" if termination is not None else "producer"})
-            proc = self._new_process(tx, req, job, trigger=trigger, model=model,
-                                     last_report=last.attributes.get("trainingReportRef"))
+            proc = self.new_process(tx, req, job, trigger=trigger, model=model,
+                                    last_report=last.attributes.get("trainingReportRef"))
             tx.update(req, vs_data={**req.vs_data, "sluice-trigger": {
                 "trigger": trigger, "accepted": True, "reason": why, "process": ldn_to_dn(proc.dn),
                 "model": model, "at": now_iso()}})
-            self._sync_request(tx, proc)
+            sync_request(tx, proc)
         self.supervisor.wake()

@@ -31,12 +31,12 @@ def put(site: Site, request: Request, ldn: str, raw: bytes, actor: Actor | None)
     shown = site.service.get(ldn, actor).attributes
     changed = {k: v for k, v in attrs.items() if not (k in READ_ONLY[cls] and shown.get(k) == v)}
     schema_check(cls, {"attributes": changed}, partial=True)
-    row = site.service.modify_process(ldn, changed, read_vs(body, cls), merge=False)
+    row = site.service.processes.modify(ldn, changed, read_vs(body, cls), merge=False)
     return put_answer(request, row, False)
 
 
 def patch(site: Site, request: Request, ldn: str, raw: bytes, actor: Actor | None) -> Response:
     cls, row = patch_row(site, ldn, actor)
     p = patch_input(request, ldn, cls, row, raw)
-    return json_response(representation(site.service.modify_process(ldn, p.attrs, p.vs, merge=p.merge)), 200)
+    return json_response(representation(site.service.processes.modify(ldn, p.attrs, p.vs, merge=p.merge)), 200)
 

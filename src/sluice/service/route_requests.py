@@ -26,7 +26,7 @@ def put(site: Site, request: Request, ldn: str, raw: bytes, actor: Actor | None)
     body = site.put_body(ldn, cls, raw, actor)
     site.parent_must_be(ldn, cls, parent)
     schema_check(cls, body, partial=False)
-    row, created = site.service.put_request(ldn, body, actor)
+    row, created = site.service.requests.put(ldn, body, actor)
     return put_answer(request, row, created)
 
 
@@ -34,16 +34,16 @@ def patch(site: Site, request: Request, ldn: str, raw: bytes, actor: Actor | Non
     cls, row = patch_row(site, ldn, actor)
     p = patch_input(request, ldn, cls, row, raw)
     if p.merge:
-        out = site.service.modify_request(ldn, p.attrs, p.vs, replace=False, merge=True)
+        out = site.service.requests.modify(ldn, p.attrs, p.vs, replace=False, merge=True)
     else:
         assert p.new is not None
-        out = site.service.modify_request(ldn, p.attrs, dict(read_vs(p.new, cls)), replace=True)
+        out = site.service.requests.modify(ldn, p.attrs, dict(read_vs(p.new, cls)), replace=True)
     return json_response(representation(out), 200)
 
 
 def delete(site: Site, ldn: str, actor: Actor | None) -> Response:
     site.locate(ldn)
     site.service.get(ldn, actor)
-    site.service.delete_request(ldn)
+    site.service.requests.delete(ldn)
     return Response(status_code=204)
 

@@ -26,7 +26,7 @@ def put(site: Site, request: Request, ldn: str, raw: bytes, actor: Actor | None)
     body = site.put_body(ldn, cls, raw, actor)
     site.parent_must_be(ldn, cls, parent)
     schema_check(cls, body, partial=False)
-    row, created = site.service.put_subscription(ldn, body, actor)
+    row, created = site.service.subscriptions.put(ldn, body, actor)
     return put_answer(request, row, created)
 
 
@@ -34,13 +34,13 @@ def patch(site: Site, request: Request, ldn: str, raw: bytes, actor: Actor | Non
     cls, row = patch_row(site, ldn, actor)
     p = patch_input(request, ldn, cls, row, raw)
     full = merge_patch(row.attributes, p.attrs) if p.merge else p.attrs
-    out, _ = site.service.put_subscription(ldn, {"id": id_of(ldn), "attributes": full}, actor)
+    out, _ = site.service.subscriptions.put(ldn, {"id": id_of(ldn), "attributes": full}, actor)
     return json_response(representation(out), 200)
 
 
 def delete(site: Site, ldn: str, actor: Actor | None) -> Response:
     site.locate(ldn)
     site.service.get(ldn, actor)
-    site.service.delete_subscription(ldn)
+    site.service.subscriptions.delete(ldn)
     return Response(status_code=204)
 

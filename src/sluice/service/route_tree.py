@@ -43,7 +43,7 @@ def post(site: Site, request: Request, ldn: str, raw: bytes, actor: Actor | None
     body = object_body(raw)
     cls = body.get("objectClass")
     if ldn == site.service.tf and cls == "MLTrainingRequest":
-        rid = body.get("id") or site.service.new_request_id()
+        rid = body.get("id") or site.service.requests.new_id()
     elif ldn == site.sn_ldn and cls == "NtfSubscriptionControl":
         rid = body.get("id") or f"S{uuid.uuid4().hex[:12]}"
     else:
@@ -57,9 +57,9 @@ def post(site: Site, request: Request, ldn: str, raw: bytes, actor: Actor | None
     body = {**body, "id": rid}
     schema_check(cls, body, partial=False)
     if cls == "MLTrainingRequest":
-        row = site.service.create_request(child, body, actor)
+        row = site.service.requests.create(child, body, actor)
     else:
-        row, _ = site.service.put_subscription(child, body, actor)
+        row, _ = site.service.subscriptions.put(child, body, actor)
     location = str(request.url.replace(query="")).rstrip("/") + f"/{cls}={rid}"
     return json_response(representation(row), 201, {"Location": location})
 
