@@ -139,7 +139,7 @@ def run_flower(task: str, clients: int, rounds: int, variant: str, cpus: int, ti
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
         argv = [sys.executable, "-m", "sluice", "run", "--runtime", FLOWER, "--ray-cpus", str(cpus),
-                "--round-timeout", str(int(timeout)), "--out", str(out)]
+                "--round-timeout", str(int(timeout)), "--node-wait", str(int(timeout)), "--out", str(out)]
         argv += [x for kv in _settings("", job) for x in ("--set", kv)]
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
         t0 = time.perf_counter()
@@ -150,8 +150,10 @@ def run_flower(task: str, clients: int, rounds: int, variant: str, cpus: int, ti
         wall = time.perf_counter() - t0
         rows = records_of(out)
         if done.returncode != 0 or len(rows) != rounds + 1:
-            tail = (done.stdout + done.stderr).strip().splitlines()
-            return {**setting, "error": tail[-1] if tail else f"exit {done.returncode}"}
+            report = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else {}
+            why = f"{report.get('cause', '')}: {report.get('detail', '')}" if report else (
+                done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+            return {**setting, "error": f"{len(rows)} of {rounds + 1} rounds; {why}"}
     seconds = sum(r["seconds"] for r in rows[1:]) / rounds
     return {**setting, "seconds_per_round": seconds, "start_seconds": wall - sum(r["seconds"] for r in rows),
             "bytes_up": [r["bytes_up"] for r in rows], "bytes_down": [r["bytes_down"] for r in rows],

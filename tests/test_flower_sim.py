@@ -98,3 +98,10 @@ def test_ray_cpus_needs_the_simulation_engine(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "sluice", "run", "--ray-cpus", "2", "--out", str(tmp_path / "r")],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "--ray-cpus only applies with --runtime flower-sim" in done.stderr, done.stderr
+
+
+def test_node_wait_needs_a_flower_runtime(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "sluice", "run", "--node-wait", "600", "--out", str(tmp_path / "r")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "--node-wait only apply with --runtime flower or flower-sim" in done.stderr, \
+        done.stderr

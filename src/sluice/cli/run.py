@@ -36,6 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--insecure", action="store_true", help="no TLS (only with a SuperLink started --insecure)")
     f.add_argument("--round-timeout", type=float, default=60.0, metavar="S",
                    help="a node that has not answered after S seconds counts as dropped in that round")
+    f.add_argument("--node-wait", type=float, default=120.0, metavar="S",
+                   help="the first round waits up to S seconds for a node per client to answer (many virtual nodes "
+                   "on few CPUs, --runtime flower-sim, answer in turn and need longer)")
     f.add_argument("--link-timeout", type=float, default=30.0, metavar="S",
                    help="a SuperLink that does not answer for S seconds ends the run with ENGINE_FAILURE")
     f.add_argument("--empty-rounds", type=int, default=DEFAULT_EMPTY_ROUNDS, metavar="N",
@@ -55,7 +58,8 @@ def _main(args: argparse.Namespace) -> int:
     flower_only = [name for name, value in (("--nodes", args.nodes), ("--superlink", args.superlink),
                                             ("--root-certificates", args.root_certificates),
                                             ("--insecure", args.insecure), ("--node-arg", args.node_args),
-                                            ("--empty-rounds", args.empty_rounds != DEFAULT_EMPTY_ROUNDS))
+                                            ("--empty-rounds", args.empty_rounds != DEFAULT_EMPTY_ROUNDS),
+                                            ("--node-wait", args.node_wait != 120.0))
                    if value]
     if flower_only and args.runtime == "sim" or args.ray_cpus is not None and args.runtime != "flower-sim":
         from sluice.errors import ConfigError
@@ -69,7 +73,8 @@ def _main(args: argparse.Namespace) -> int:
 
         opts = FlowerOptions(nodes=args.nodes, insecure=args.insecure, superlink=args.superlink,
                              root_certificates=args.root_certificates, round_timeout_s=args.round_timeout,
-                             link_timeout_s=args.link_timeout, empty_rounds=args.empty_rounds,
+                             link_timeout_s=args.link_timeout, node_wait_s=args.node_wait,
+                             empty_rounds=args.empty_rounds,
                              node_args=args.node_args, simulation=args.runtime == "flower-sim",
                              ray_cpus=args.ray_cpus)
         return run_on_flower(job, args.out, opts, console=Console())

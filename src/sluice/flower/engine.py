@@ -63,6 +63,8 @@ from sluice.tasks import client_datasets, load_task
 from sluice.tasks.resolve import Federation
 from sluice.wire.state import field, pack, unpack
 
+SHOWN = 5
+"""Silent nodes an error names one by one (the others are counted)."""
 NODE_DATA = ("on a Flower federation the training data lives on the nodes, which this runtime does not add to, "
              "limit or count")
 
@@ -301,11 +303,17 @@ class FlowerEngine(ServerModel, Suspendable):
                 return
             if time.monotonic() >= end:
                 why = "".join(f"; node {nid}: {reason}" for nid, reason in self.refused.items())
+                silent = sorted(set(self._hellos.values()))
                 why += "".join(f"; node {nid}: no answer (a ClientApp slower to start than that?)"
-                               for nid in sorted(set(self._hellos.values())))
+                               for nid in silent[:SHOWN])
+                why += f"; {len(silent) - SHOWN} more nodes did not answer" if len(silent) > SHOWN else ""
+                terms = sorted(self._node_of)
+                more = len(terms) - 4 * SHOWN
+                seen = f"{terms[:4 * SHOWN]}" + (f" and {more} more" if more > 0 else "")
                 raise TrainingError(f"{len(self._node_of)} of the {want} nodes needed answered within "
-                                    f"{self.node_wait_s:g} s (terminals {sorted(self._node_of)}); start a "
-                                    f"SuperNode per terminal with --node-config 'partition-id=<c>'{why}")
+                                    f"{self.node_wait_s:g} s (terminals {seen}); start "
+                                    "a SuperNode per terminal with --node-config 'partition-id=<c>', or wait longer "
+                                    f"for them (--node-wait){why}")
             time.sleep(0.5)
 
     # -- one round (the loop: sluice.hfl.rounds) ------------------------------------------------
