@@ -1,4 +1,4 @@
-"""3GPP renderings (TS 28.105 / TS 28.104 names), all from sluice.control.threegpp."""
+"""3GPP renderings (TS 28.105 / TS 28.104 names), all from sluice.roles.threegpp."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import math
 
 import pytest
 
-from sluice.control import Cause, ModelIdentity, ProcessState, Requirements, TrainingReport, threegpp
+from sluice.control import Cause, ModelIdentity, ProcessState, Requirements, TrainingReport
 from sluice.control.monitor import Firing, Hit
+from sluice.roles import threegpp
 
 
 def test_model_identity_and_performance_requirements() -> None:

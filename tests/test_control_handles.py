@@ -13,21 +13,23 @@ import pytest
 from sluice.control import (
     Cause,
     ModelIdentity,
-    ProcessHandle,
     ProcessHooks,
-    ProcessRegistry,
     ProcessState,
-    Producer,
     ReplayEngine,
-    RequestRefused,
     Termination,
     TrainingProcess,
-    TrainingRequest,
-    UnknownProcessError,
 )
 from sluice.control.lifecycle import Phase
 from sluice.engine import IterationEvent
 from sluice.errors import ConfigError, SluiceError, TrainingError
+from sluice.roles import (
+    ProcessHandle,
+    ProcessRegistry,
+    Producer,
+    RequestRefused,
+    TrainingRequest,
+    UnknownProcessError,
+)
 
 TIMEOUT = 20.0
 

@@ -9,22 +9,18 @@ import pytest
 
 from sluice.control import (
     Cause,
-    Consumer,
     ModelIdentity,
-    Producer,
     ProducerPolicy,
     ReplayEngine,
     Requirements,
     RunHistory,
     Termination,
-    TrainingRequest,
-    negotiate,
     train,
-    train_many,
 )
-from sluice.control.producer import RunRecord
+from sluice.control.history import RunRecord
 from sluice.errors import NegotiationError
 from sluice.local import LocalTrainer
+from sluice.roles import Consumer, Producer, TrainingRequest, negotiate, train_many
 
 
 def _factory(ds, n_train: int | None = None, **kw):

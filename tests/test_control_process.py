@@ -20,7 +20,6 @@ from sluice.control import (
     TrainingProcess,
     TrainingReport,
     make_process,
-    threegpp,
     train,
 )
 from sluice.control import inbox as inbox_mod
@@ -28,6 +27,7 @@ from sluice.control.report import EXIT_CODES
 from sluice.engine import IterationEvent
 from sluice.errors import ConfigError, DataError, NegotiationError
 from sluice.local import LocalTrainer
+from sluice.roles import threegpp
 
 
 def _local(ds, **kw) -> LocalTrainer:

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from sluice.config import load_config
-from sluice.control import ClientReport, ProcessHooks, TrainingProcess, TrainingReport, threegpp
+from sluice.control import ClientReport, ProcessHooks, TrainingProcess, TrainingReport
 from sluice.hfl import HFLEngine
 from sluice.hfl.config import HFLConfig
+from sluice.roles import threegpp
 
 BUNDLE = Path(__file__).resolve().parents[1] / "src" / "sluice" / "service" / "openapi" / "bundle.json"
 

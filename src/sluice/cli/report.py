@@ -12,7 +12,8 @@ from sluice.errors import DataError
 
 
 def _report(args: argparse.Namespace) -> int:
-    from sluice.control import TrainingReport, threegpp
+    from sluice.control import TrainingReport
+    from sluice.roles import threegpp
     from sluice.training import client_table, report_table
 
     path = Path(args.run_dir) / "report.json"

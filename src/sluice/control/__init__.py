@@ -6,19 +6,16 @@ Control drives any engine that speaks :mod:`sluice.engine` and never imports eng
     report = train(engine, {"iterations": 100, "performance": {"accuracy": 0.9}})
     report.cause, report.fired, report.estimated_remaining_iterations
 
-A producer serves requests in the background: ``Producer.start(request)`` returns a
-:class:`ProcessHandle` to query, update, suspend, resume, cancel or wait on, kept in a
-:class:`ProcessRegistry` by id. :mod:`sluice.control.threegpp` renders everything in 3GPP terms.
+A producer decides termination parameters by its :class:`ProducerPolicy` (:func:`propose`). The producer and
+consumer roles built on this (in memory) and the 3GPP rendering are :mod:`sluice.roles`.
 """
 
 from sluice.control.clients import ClientReport, ClientTally
-from sluice.control.consumer import Consumer, train_many
 from sluice.control.curves import PowerLaw, fit_power_law
 from sluice.control.eta import Estimate, Estimator
 from sluice.control.feasibility import Feasibility, preflight
-from sluice.control.handles import ProcessHandle, ProcessRegistry, UnknownProcessError
+from sluice.control.history import RunHistory
 from sluice.control.monitor import Anomaly, Firing, Hit, Monitor, Observation
-from sluice.control.negotiation import Agreement, Proposal, negotiate
 from sluice.control.params import (
     MDA_TYPE,
     Cause,
@@ -35,28 +32,19 @@ from sluice.control.params import (
     parse_requirements,
     parse_termination,
 )
+from sluice.control.policy import ProducerPolicy, Proposal, propose
 from sluice.control.process import TrainingProcess, make_process, train
 from sluice.control.process_options import ProcessHooks, ProcessOptions
-from sluice.control.producer import (
-    Producer,
-    ProducerPolicy,
-    RequestRefused,
-    RequestResponse,
-    RunHistory,
-    TrainingRequest,
-)
 from sluice.control.replay import ReplayEngine
 from sluice.control.report import TrainingReport
 from sluice.control.resources import ResourceSampler
 
 __all__ = [
     "MDA_TYPE",
-    "Agreement",
     "Anomaly",
     "Cause",
     "ClientReport",
     "ClientTally",
-    "Consumer",
     "CriteriaGroup",
     "Criterion",
     "Estimate",
@@ -69,18 +57,13 @@ __all__ = [
     "Monitor",
     "Observation",
     "Plateau",
-    "ProcessHandle",
     "ProcessHooks",
     "ProcessOptions",
-    "ProcessRegistry",
     "PowerLaw",
     "ProcessState",
-    "Producer",
     "ProducerPolicy",
     "Proposal",
     "ReplayEngine",
-    "RequestRefused",
-    "RequestResponse",
     "Requirements",
     "ResourceSampler",
     "Resources",
@@ -88,15 +71,12 @@ __all__ = [
     "Termination",
     "TrainingProcess",
     "TrainingReport",
-    "TrainingRequest",
-    "UnknownProcessError",
     "fit_power_law",
     "make_process",
-    "negotiate",
     "parse_model",
     "parse_requirements",
     "parse_termination",
     "preflight",
+    "propose",
     "train",
-    "train_many",
 ]

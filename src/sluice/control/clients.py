@@ -7,7 +7,7 @@ sampled at least once, in id order. A client that drops out (it received the ser
 nothing) counts in ``dropped``; one that comes back after a dense resynchronisation (a restarted node) in
 ``resynced``; both keep their entry. A client takes part (:meth:`ClientTally.participating`) from its first
 sampling on, and leaves while it has not answered since it dropped out (``active``).
-:func:`sluice.control.threegpp.training_report` renders the entries as TS 28.105 ``fLReportPerClient``.
+:func:`sluice.roles.threegpp.training_report` renders the entries as TS 28.105 ``fLReportPerClient``.
 """
 
 from __future__ import annotations

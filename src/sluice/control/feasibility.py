@@ -1,7 +1,7 @@
 """Feasibility before training (R3): refuse hopeless training early, without training.
 
 :func:`preflight` is the one check, used by :class:`sluice.control.TrainingProcess` before its first
-iteration and by :meth:`sluice.control.Producer.assess` before a request is accepted. It judges from what
+iteration and by :meth:`sluice.roles.Producer.assess` before a request is accepted. It judges from what
 the producer knows before it trains, and prepares the engine for the requirements. With ``S`` samples
 held, requirement bounds ``[min, max]`` and wanted amount ``D``; ``L`` model layers and ``l`` layers to
 train; ``t`` seconds per iteration, ``N`` iterations expected and a time limit ``T``:

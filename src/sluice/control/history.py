@@ -11,7 +11,7 @@ something about a new request only when both:
   budgets (``train.iterations``, ``rounds``, ``epochs``, ``steps``), the device, and a chain's service
   settings (endpoints, polling, timeouts). A job that writes a default out and one that leaves it out are
   different shapes: the producer then proposes its default rather than guess. Without a shape (a
-  :class:`~sluice.control.producer.Producer` used as a library, whose engine belongs to one model id) runs
+  :class:`~sluice.roles.producer.Producer` used as a library, whose engine belongs to one model id) runs
   of the same model id count;
 * aim at **a compatible target**: the new request's goal (:func:`target_of`: its first performance target,
   else the requirements' first performance threshold, else its training error threshold) is a metric and a

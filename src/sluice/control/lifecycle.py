@@ -4,7 +4,7 @@
 No server, database, thread or worker here. Two producers carry out the effects (start a worker, a command
 for it, a report to write, a checkpoint to keep or drop) of the same transitions: the management service
 reads a :class:`ProcessRecord` from a process's stored ``internal`` fields, applies an event and writes the
-record back; the in-memory producer's :class:`~sluice.control.handles.ProcessHandle` keeps its record and
+record back; the in-memory producer's :class:`~sluice.roles.handles.ProcessHandle` keeps its record and
 runs its :class:`~sluice.control.TrainingProcess` in a thread instead of a worker.
 
 Phases (:class:`Phase`, stored as ``internal.phase``)::

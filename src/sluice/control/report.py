@@ -9,7 +9,7 @@ training time, last performance).
 
 Success is ``CRITERION_MET`` only (:attr:`TrainingReport.ok`); a command exits with the status of
 :data:`EXIT_CODES` for the cause of its report.
-:func:`sluice.control.threegpp.training_report` renders it as a TS 28.105 ``MLTrainingReport``.
+:func:`sluice.roles.threegpp.training_report` renders it as a TS 28.105 ``MLTrainingReport``.
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ from sluice.control.lifecycle import (
     transition,
 )
 from sluice.control.params import Cause
-from sluice.control.threegpp import fl_client_dn, fl_report_per_client, participating_fl_clients
 from sluice.metrics import OPERATIONAL_METRICS
+from sluice.roles.threegpp import fl_client_dn, fl_report_per_client, participating_fl_clients
 from sluice.service.auth import inherited
 from sluice.service.base import ENDED, Shared, _phase, set_process
 from sluice.service.chain_cancels import ChainCancels

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sluice.control.handles import ProcessHandle
-from sluice.control.negotiation import Review
-from sluice.control.producer import Producer, RequestRefused, RequestResponse, TrainingRequest
 from sluice.errors import ConfigError
+from sluice.roles.handles import ProcessHandle
+from sluice.roles.negotiation import Review
+from sluice.roles.producer import Producer, RequestRefused, RequestResponse, TrainingRequest
 
 
 class Consumer:
@@ -20,7 +20,7 @@ class Consumer:
 
     def start(self, producer: Producer, request: TrainingRequest, **kwargs: Any) -> ProcessHandle:
         """One request to one producer, training in the background: the process handle, or
-        :class:`~sluice.control.producer.RequestRefused` with the producer's answer."""
+        :class:`~sluice.roles.producer.RequestRefused` with the producer's answer."""
         return producer.start(request, review=self.review, **kwargs)
 
     def request(self, producer: Producer, request: TrainingRequest, **kwargs: Any) -> RequestResponse:

@@ -11,9 +11,9 @@ report), consumer feedback below a threshold (:meth:`Producer.feedback`) and upd
 (:meth:`Producer.data_updated`); each answer says whether the request was accepted.
 
 :meth:`Producer.start` negotiates, judges feasibility (:func:`sluice.control.feasibility.preflight`) and
-returns a :class:`~sluice.control.handles.ProcessHandle` at once, training in the background; a refused
+returns a :class:`~sluice.roles.handles.ProcessHandle` at once, training in the background; a refused
 request raises :class:`RequestRefused` carrying the answer. Every process is kept in the producer's
-:class:`~sluice.control.handles.ProcessRegistry`. One model trains in one process at a time: its engine
+:class:`~sluice.roles.handles.ProcessRegistry`. One model trains in one process at a time: its engine
 is shared by its runs, so a request for a model in training is refused (new data for it goes to the
 running process).
 """
@@ -27,12 +27,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from sluice.control import threegpp
 from sluice.control.feasibility import Feasibility, preflight
-from sluice.control.handles import ProcessHandle, ProcessRegistry
 from sluice.control.history import RunHistory, RunRecord, reached_of, target_of
 from sluice.control.monitor import effective_error_metric
-from sluice.control.negotiation import Agreement, DecidedBy, Review, negotiate
 from sluice.control.params import (
     ModelIdentity,
     ProcessState,
@@ -46,6 +43,9 @@ from sluice.control.process import goal_of, make_process
 from sluice.control.report import TrainingReport
 from sluice.engine import Engine
 from sluice.errors import NegotiationError, SluiceError
+from sluice.roles import threegpp
+from sluice.roles.handles import ProcessHandle, ProcessRegistry
+from sluice.roles.negotiation import Agreement, DecidedBy, Review, negotiate
 
 EngineFactory = Callable[[ModelIdentity, Requirements | None], Engine]
 Trigger = Literal["CONSUMER_REQUEST", "CONSUMER_FEEDBACK", "DATA_UPDATED"]
@@ -198,7 +198,7 @@ class Producer:
             raise
 
     def process(self, process_id: str) -> ProcessHandle:
-        """The process with this id (:class:`~sluice.control.handles.UnknownProcessError` if none)."""
+        """The process with this id (:class:`~sluice.roles.handles.UnknownProcessError` if none)."""
         return self.processes.get(process_id)
 
     def answer(self, handle: ProcessHandle, reason: str = "trained") -> RequestResponse:

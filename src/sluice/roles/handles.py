@@ -24,7 +24,6 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from sluice.control import threegpp
 from sluice.control.lifecycle import (
     Cancel,
     Created,
@@ -48,6 +47,7 @@ from sluice.control.process import TrainingProcess
 from sluice.control.report import TrainingReport
 from sluice.engine import IterationEvent
 from sluice.errors import ConfigError, SluiceError
+from sluice.roles import threegpp
 
 DoneCallback = Callable[["ProcessHandle"], None]
 _ENDED = (ProcessState.FINISHED, ProcessState.FAILED, ProcessState.CANCELLED)

@@ -37,7 +37,7 @@ Review = Callable[[Proposal], "None | bool | dict[str, Any] | Termination"]
 
 
 class Proposer(Protocol):
-    """What negotiation needs of a producer (:class:`sluice.control.Producer` is one)."""
+    """What negotiation needs of a producer (:class:`sluice.roles.Producer` is one)."""
 
     name: str
 
