@@ -20,9 +20,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from sluice.control._outcome import goal_of
 from sluice.control.history import RunHistory, target_of
 from sluice.control.monitor import effective_error_metric
-from sluice.control.outcome import goal_of
 from sluice.control.params import (
     ModelIdentity,
     Requirements,

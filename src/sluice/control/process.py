@@ -53,12 +53,21 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sluice.control._intake import DataIntake, EngineFailed, engine_call
+from sluice.control._outcome import cause_of, estimator_for, expected_iterations, goal_of
+from sluice.control._process_state import (
+    INADEQUATE,
+    checkpoint_of,
+    engine_notes,
+    estimate_line,
+    report_of,
+    restore_into,
+    status_of,
+)
 from sluice.control.clients import ClientTally
 from sluice.control.eta import Estimate
 from sluice.control.feasibility import check_compute, preflight
-from sluice.control.intake import DataIntake, EngineFailed, engine_call
 from sluice.control.monitor import Anomaly, Firing, Monitor, Observation
-from sluice.control.outcome import cause_of, estimator_for, expected_iterations, goal_of
 from sluice.control.params import (
     Cause,
     ModelIdentity,
@@ -69,15 +78,6 @@ from sluice.control.params import (
     parse_termination,
 )
 from sluice.control.process_options import ProcessHooks, ProcessOptions, sampler_for, split_keywords
-from sluice.control.process_state import (
-    INADEQUATE,
-    checkpoint_of,
-    engine_notes,
-    estimate_line,
-    report_of,
-    restore_into,
-    status_of,
-)
 from sluice.control.report import TrainingReport
 from sluice.engine import Engine, IterationEvent
 from sluice.errors import ConfigError
@@ -102,7 +102,7 @@ class TrainingProcess:
     :meth:`resume`, :meth:`update`, :meth:`add_data`. Updates take effect at the next iteration.
     ``hooks`` (:class:`ProcessHooks`: none by default) and ``options`` (:class:`ProcessOptions`) are kept as
     the process's attributes (``on_event``, ``on_state``, ``save_path``, ``sampler``, ``clock``...), the
-    data sources in :attr:`intake` (:class:`~sluice.control.intake.DataIntake`); :func:`make_process` takes
+    data sources in :attr:`intake` (:class:`~sluice.control._intake.DataIntake`); :func:`make_process` takes
     their fields as keyword arguments.
     """
 

@@ -9,7 +9,7 @@ last ``l`` layers (:func:`sluice.models.layers`): the others get no gradient and
 are exactly zero; their buffers still follow the batches, as a BatchNorm in training mode does.
 
 On a GPU, with the default optimizer and a tensor dataset (kept on the device by :meth:`Learner.check`), every
-full batch is one replay of a step captured as a CUDA graph (:mod:`sluice.hfl.graph_step`); a last, smaller
+full batch is one replay of a step captured as a CUDA graph (:mod:`sluice.hfl._graph_step`); a last, smaller
 batch runs eagerly. Δ can stay on the device (``on_device``) for the compressors
 (:mod:`sluice.compress.device`).
 """
@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from sluice.errors import ConfigError
-from sluice.hfl.graph_step import GraphStep, capture
+from sluice.hfl._graph_step import GraphStep, capture
 from sluice.models import get_buffers, get_flat, layers, num_buffers, output_layer, set_buffers, set_flat
 from sluice.models.device import resolve_device
 from sluice.models.flat import tied_to_frozen
@@ -153,7 +153,7 @@ class Learner:
         return torch.cat([p.detach().reshape(-1).double() for p in self.model.parameters()])
 
     def _graph(self, train: list[torch.nn.Parameter], lr: float, data: Dataset, batch_size: int) -> GraphStep | None:
-        """The captured step (:mod:`sluice.hfl.graph_step`) for these settings, when the learner uses CUDA graphs
+        """The captured step (:mod:`sluice.hfl._graph_step`) for these settings, when the learner uses CUDA graphs
         (on a GPU, the default optimizer, a tensor dataset on the device); None otherwise."""
         if not (self.cuda_graphs and self.device.type == "cuda" and self.task.optimizer is None
                 and isinstance(data, TensorDataset) and data.tensors[0].device == self.device):

@@ -25,8 +25,8 @@ from sluice.tasks.split import SplitTask, build_part
 from sluice.transport.link import Link
 from sluice.wire.tensor import encode_tensor
 
+from ._data import party_data
 from .config import PartyPolicy
-from .data import party_data
 from .grouping import linear_fit, profile_sizes, split_batch
 from .models import batch_coupled_layers, make_optimizer
 from .party import Stopped, Worker, fail_peers
@@ -247,7 +247,7 @@ class Follower(Worker):
         """Seconds of this party's operations for groups of ``n`` samples (linear fit ``a0 + a1 n`` from
         two sizes, best of ``repeats``) and encoded bytes of what it sends per group. The seconds are the CPU
         time of this thread, which computes alone (one torch thread), as the leader times its own (see
-        :func:`sluice.split.calibrate.profile_leader`)."""
+        :func:`sluice.split._calibrate.profile_leader`)."""
         assert self.model is not None
         sizes = profile_sizes(batch)
         kept = {k: v.clone() for k, v in self.model.state_dict().items()}

@@ -25,9 +25,9 @@ from sluice.models.device import resolve_device
 from sluice.tasks.split import SplitTask, build_part, fit_shapes
 from sluice.transport.link import Link
 
-from .calibrate import choose_g
+from ._calibrate import choose_g
+from ._data import party_data
 from .config import SplitConfig
-from .data import party_data
 from .grouping import GroupChoice, split_batch
 from .models import check_exact, group_loss, make_optimizer, train_last_layers
 from .party import Worker, params_of

@@ -14,8 +14,8 @@ import torch
 
 from sluice.tasks.split import SplitTask, build_part
 
+from ._data import party_data
 from .config import SplitConfig
-from .data import party_data
 from .engine import party_task
 from .models import group_loss, make_optimizer
 from .plan import BatchPlan, agree_rows, make_plan

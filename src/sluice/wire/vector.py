@@ -75,8 +75,8 @@ version or kind, inconsistent -- raises :class:`sluice.errors.WireError`; the CR
 body byte is interpreted (only the header's size fields are read first, to report truncation exactly).
 
 The code: :func:`encode` and :func:`decode` dispatch through one table holding a codec per payload type (its
-kind, encoder and decoder). The payload types live in :mod:`sluice.wire.vector_payloads`, the dense, sparse and
-sketch codecs in :mod:`sluice.wire.vector_codecs`, the index codings in :mod:`sluice.wire.vector_index`; the
+kind, encoder and decoder). The payload types live in :mod:`sluice.wire._vector_payloads`, the dense, sparse and
+sketch codecs in :mod:`sluice.wire._vector_codecs`, the index codings in :mod:`sluice.wire._vector_index`; the
 chain codecs, which encode and decode their parts through the same table, are here. Everything other modules use
 is importable from this module.
 """
@@ -90,6 +90,41 @@ from typing import Any
 import numpy as np
 
 from sluice.errors import WireError
+from sluice.wire._vector_codecs import (
+    _FIXED,
+    DENSE,
+    FLAG_FP16,
+    FLAG_ZSTD,
+    SKETCH,
+    SPARSE,
+    VectorCodec,
+    _reserved,
+    _truncated,
+)
+from sluice.wire._vector_index import (
+    _CODINGS,
+    CODING_BITMAP,
+    CODING_RAW,
+    CODING_RICE,
+    CODING_SEED,
+    IndexCoding,
+    _rice_bits,
+    index_block_sizes,
+    rice_decode,
+    rice_encode,
+    rice_parameter,
+)
+from sluice.wire._vector_payloads import (
+    MAX_D,
+    DensePayload,
+    PatchChain,
+    Payload,
+    ReplayChain,
+    SketchPayload,
+    SparsePayload,
+    float_values,
+    replay_block,
+)
 from sluice.wire.frame import (
     HEADER,
     KIND_CHAIN,
@@ -103,41 +138,6 @@ from sluice.wire.frame import (
     read_varint,
     unframe,
     varint,
-)
-from sluice.wire.vector_codecs import (
-    _FIXED,
-    DENSE,
-    FLAG_FP16,
-    FLAG_ZSTD,
-    SKETCH,
-    SPARSE,
-    VectorCodec,
-    _reserved,
-    _truncated,
-)
-from sluice.wire.vector_index import (
-    _CODINGS,
-    CODING_BITMAP,
-    CODING_RAW,
-    CODING_RICE,
-    CODING_SEED,
-    IndexCoding,
-    _rice_bits,
-    index_block_sizes,
-    rice_decode,
-    rice_encode,
-    rice_parameter,
-)
-from sluice.wire.vector_payloads import (
-    MAX_D,
-    DensePayload,
-    PatchChain,
-    Payload,
-    ReplayChain,
-    SketchPayload,
-    SparsePayload,
-    float_values,
-    replay_block,
 )
 
 __all__ = [

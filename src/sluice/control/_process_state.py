@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from sluice.control._outcome import estimator_for, requirements_met
 from sluice.control.eta import Estimate
 from sluice.control.monitor import Firing
-from sluice.control.outcome import estimator_for, requirements_met
 from sluice.control.params import Cause, ProcessState
 from sluice.control.report import TrainingReport, json_ready
 from sluice.engine import Engine

@@ -18,6 +18,8 @@ import numpy as np
 import zstandard
 
 from sluice.errors import WireError
+from sluice.wire._vector_index import CODING_SEED, IndexCoding, block_bounds, decode_indices, encode_indices
+from sluice.wire._vector_payloads import MAX_D, DensePayload, Payload, SketchPayload, SparsePayload, _value_type
 from sluice.wire.dtypes import INT8, VECTOR_DTYPES
 from sluice.wire.frame import (
     HEADER,
@@ -31,8 +33,6 @@ from sluice.wire.frame import (
     read_varint,
     varint,
 )
-from sluice.wire.vector_index import CODING_SEED, IndexCoding, block_bounds, decode_indices, encode_indices
-from sluice.wire.vector_payloads import MAX_D, DensePayload, Payload, SketchPayload, SparsePayload, _value_type
 
 FLAG_FP16 = 1 << 2
 """Flags bit: the values are fp16 (:data:`sluice.wire.dtypes.FP16`), else fp32."""
