@@ -10,23 +10,18 @@ A producer decides termination parameters by its :class:`ProducerPolicy` (:func:
 consumer roles built on this (in memory) and the 3GPP rendering are :mod:`sluice.roles`.
 """
 
-from sluice.control.clients import ClientReport, ClientTally
-from sluice.control.curves import PowerLaw, fit_power_law
+from sluice.control.clients import ClientReport
+from sluice.control.curves import fit_power_law
 from sluice.control.eta import Estimate, Estimator
 from sluice.control.feasibility import Feasibility, preflight
 from sluice.control.history import RunHistory
-from sluice.control.monitor import Anomaly, Firing, Hit, Monitor, Observation
 from sluice.control.params import (
     MDA_TYPE,
     Cause,
-    CriteriaGroup,
-    Criterion,
     ModelIdentity,
     ModelType,
-    Plateau,
     ProcessState,
     Requirements,
-    Resources,
     Termination,
     parse_model,
     parse_requirements,
@@ -41,32 +36,21 @@ from sluice.control.resources import ResourceSampler
 
 __all__ = [
     "MDA_TYPE",
-    "Anomaly",
     "Cause",
     "ClientReport",
-    "ClientTally",
-    "CriteriaGroup",
-    "Criterion",
     "Estimate",
     "Estimator",
     "Feasibility",
-    "Firing",
-    "Hit",
     "ModelIdentity",
     "ModelType",
-    "Monitor",
-    "Observation",
-    "Plateau",
     "ProcessHooks",
     "ProcessOptions",
-    "PowerLaw",
     "ProcessState",
     "ProducerPolicy",
     "Proposal",
     "ReplayEngine",
     "Requirements",
     "ResourceSampler",
-    "Resources",
     "RunHistory",
     "Termination",
     "TrainingProcess",

@@ -1,13 +1,11 @@
 """Datasets, partitioners and scenario generators (no downloads: everything is embedded or generated)."""
 
-from sluice.data.datasets import DATASET_NAMES, Dataset, load_dataset
+from sluice.data.datasets import Dataset, load_dataset
 from sluice.data.federated import FederatedData, load_federated
-from sluice.data.partition import PARTITION_METHODS, label_histogram, partition
+from sluice.data.partition import label_histogram, partition
 from sluice.data.synthetic import synthetic
 
 __all__ = [
-    "DATASET_NAMES",
-    "PARTITION_METHODS",
     "Dataset",
     "FederatedData",
     "label_histogram",

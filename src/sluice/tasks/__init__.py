@@ -11,13 +11,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sluice._lazy import lazy_exports
-from sluice.tasks.config import TaskConfig
 
 if TYPE_CHECKING:
     from sluice.tasks.resolve import client_datasets, load_task
     from sluice.tasks.task import Partition, Task
 
-__all__ = ["Partition", "Task", "TaskConfig", "client_datasets", "load_task"]
+__all__ = ["Partition", "Task", "client_datasets", "load_task"]
 
 __getattr__ = lazy_exports(__name__, {"Partition": "task", "Task": "task", "client_datasets": "resolve",
                                       "load_task": "resolve"})

@@ -4,9 +4,8 @@
 - :mod:`~sluice.transport.emulated`: in-process link with token-bucket bandwidth and latency;
 - :mod:`~sluice.transport.grpc_link`: gRPC bidirectional stream, optional mutual TLS;
 - :mod:`~sluice.transport.netns`: Linux network namespaces joined by a veth pair shaped with ``tc tbf``.
+
+The modules are the interface (nothing is re-exported here).
 """
 
-from .emulated import EmulatedLink, emulated_pair
-from .link import Delivery, Inbox, Link, LinkStats
-
-__all__ = ["EmulatedLink", "emulated_pair", "Delivery", "Inbox", "Link", "LinkStats"]
+__all__: list[str] = []

@@ -9,40 +9,9 @@
 - :mod:`~sluice.wire.state`: state trees (checkpoints of every engine) as bytes;
 - :mod:`~sluice.wire.dtypes`: the one table of element types (names, codes, wire layouts).
 
-Malformed, corrupted, old-format or unknown messages raise :class:`sluice.errors.WireError`. The function
-that wraps a body in a frame is ``sluice.wire.frame.frame`` (not re-exported here: ``sluice.wire.frame`` is
-the module).
+Malformed, corrupted, old-format or unknown messages raise :class:`sluice.errors.WireError`. The modules are
+the interface: other packages import what they use from them (``sluice.wire.vector.encode``,
+``sluice.wire.state.pack``...), so this package re-exports nothing.
 """
 
-from sluice.wire.dtypes import WireDtype
-from sluice.wire.frame import (
-    FRAME_OVERHEAD,
-    MAGIC,
-    VERSION,
-    kind_name,
-    kinds,
-    read_varint,
-    register_kind,
-    unframe,
-    varint,
-)
-from sluice.wire.vector import DensePayload, PatchChain, Payload, SketchPayload, SparsePayload, payload_kind
-
-__all__ = [
-    "FRAME_OVERHEAD",
-    "MAGIC",
-    "VERSION",
-    "DensePayload",
-    "PatchChain",
-    "Payload",
-    "SketchPayload",
-    "SparsePayload",
-    "WireDtype",
-    "kind_name",
-    "kinds",
-    "payload_kind",
-    "read_varint",
-    "register_kind",
-    "unframe",
-    "varint",
-]
+__all__: list[str] = []
