@@ -139,7 +139,7 @@ def test_checkpoint_restored_engine_continues_the_same(federation):
 def test_an_optimizer_of_its_own_trains_one_by_one_said_once(caplog):
     rms = lambda p, lr: torch.optim.RMSprop(p, lr=1e-3)  # noqa: E731
     together, one = _engine(True, rms), _engine(False, rms)
-    with caplog.at_level(logging.WARNING, logger="sluice.hfl.engine"):
+    with caplog.at_level(logging.WARNING, logger="sluice.hfl.batched"):
         _same_rounds(_rounds(together), _rounds(one))
     notes = [n for n in together.notes() if "batched_clients" in n]
     assert len(notes) == 1 and "RMSprop" in notes[0]

@@ -33,6 +33,7 @@ and the other options the single-tensor loop has no closed form for included).
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -46,6 +47,9 @@ from torch.utils.data import Dataset, TensorDataset
 from sluice.hfl.client import Client
 from sluice.hfl.config import HFLConfig
 from sluice.hfl.learner import Learner
+from sluice.hfl.server import Server
+
+logger = logging.getLogger(__name__)
 
 CHUNK_BYTES = 1 << 30
 """Bytes of stacked state (parameters, gradients, optimizer slots) per chunk of clients trained together."""
@@ -357,3 +361,52 @@ class Together:
                 delta = delta if on_device else delta.cpu().numpy()
             upload = client.upload(delta, rnd, **budget.get(c, {}))
             yield c, upload, time.perf_counter() - t1 + (0.0 if results is None else share), started
+
+
+class Batching:
+    """Whether and how a simulator's rounds train their clients together (``train.batched_clients``).
+
+    :meth:`together` gives the round's :class:`Together`, or None when its clients train one by one: the mode is
+    off, ``"auto"`` finds it does not pay, or the task cannot (said once, through :meth:`one_by_one`, as a note
+    appended to ``notes`` and a log line; from then on every round trains one by one). :meth:`messages` makes
+    the round's downlink messages for clients trained together."""
+
+    def __init__(self, learner: Learner, cfg: HFLConfig, client_cls: type, notes: list[str], task_name: str) -> None:
+        self.learner, self.cfg, self.client_cls, self.notes, self.task_name = learner, cfg, client_cls, notes, task_name
+        self.why: str | None = None  # why the clients cannot train together
+        self._said = False
+        self._fit: BatchedFit | None = None
+
+    @staticmethod
+    def messages(server: object, clients: list[int]) -> list[bytes]:
+        """The round's downlink messages for ``clients``, in client order: by Sluice's server each different
+        message encoded once (:meth:`Server.messages`), the same bytes as one by one."""
+        if type(server).message is Server.message and hasattr(server, "messages"):
+            return server.messages(clients)
+        return [server.message(c) for c in clients]
+
+    def together(self, sampled: np.ndarray, failed: np.ndarray, clients: list[Client],
+                 data: list[Dataset]) -> Together | None:
+        """The round's clients that train together, or None: one by one."""
+        mode = self.cfg.train.batched_clients
+        if mode is False or (mode == "auto" and not pays(self.learner, len(sampled) - int(failed.sum()))):
+            return None
+        if self.why is None and self._fit is None:
+            self.why = unbatchable(self.learner, self.cfg.train.lr, self.client_cls)
+        why = self.why or untensored([data[c] for c in sampled.tolist()])
+        if why is None:
+            self._fit = self._fit or BatchedFit(self.learner)
+            return Together(self._fit, clients, data, self.cfg, self.one_by_one)
+        self.one_by_one(why)
+        return None
+
+    def one_by_one(self, why: str) -> None:
+        """From now on the clients train one by one, because ``why``: said once, as a note and a log line."""
+        if not self._said:
+            note = (f"train.batched_clients: the clients train one by one, task {self.task_name!r} cannot train "
+                    f"together: {why}")
+            self.notes.append(note)
+            logger.warning(note)
+            self._said = True
+        self.why = why
+

@@ -30,7 +30,6 @@ asked report ``INADEQUATE_TRAINING_DATA`` instead of training.
 
 from __future__ import annotations
 
-import logging
 import numbers
 import time
 from typing import Any
@@ -40,7 +39,7 @@ import torch
 
 from sluice.engine import ClientRound, Suspendable
 from sluice.errors import ConfigError, DataError, TaskError
-from sluice.hfl.batched import BatchedFit, Together, pays, unbatchable, untensored
+from sluice.hfl.batched import Batching
 from sluice.hfl.client import Client
 from sluice.hfl.config import HFLConfig
 from sluice.hfl.learner import Learner
@@ -51,8 +50,6 @@ from sluice.tasks import Task, client_datasets, load_task
 from sluice.tasks.resolve import Federation
 from sluice.tasks.task import batch, sample_shape
 from sluice.wire.state import field, pack, unpack
-
-logger = logging.getLogger(__name__)
 
 
 class HFLEngine(ServerModel, Suspendable):
@@ -76,9 +73,7 @@ class HFLEngine(ServerModel, Suspendable):
         self._min_samples = 0
         self._trainable: int | None = None
         self._suspended = False
-        self._one_by_one: str | None = None  # why the clients cannot train together
-        self._said_one_by_one = False
-        self._batched: BatchedFit | None = None
+        self._batching: Batching | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -104,6 +99,7 @@ class HFLEngine(ServerModel, Suspendable):
         for client in self.clients:
             client.set_trainable_layers(self._trainable)
         self._rng = np.random.default_rng(cfg.seed)
+        self._batching = Batching(learner, cfg, self.client_cls, self._notes, task.name)
 
     def _task(self) -> Task:
         """The task this engine trains (built from the configuration on first use)."""
@@ -195,39 +191,11 @@ class HFLEngine(ServerModel, Suspendable):
                                 f"{what}, got shape {X.shape}")
             if not np.isfinite(X).all():
                 raise DataError("X holds non-finite values (NaN or infinity); every feature must be finite")
-            y_out = self._check_targets(X, y_raw) if torch.is_floating_point(torch.empty(0, dtype=target_dtype)) \
-                else self._check_labels(X, y_raw)
+            y_out = _targets(X, y_raw, self.num_classes, self.data.task.target_names) if torch.is_floating_point(
+                torch.empty(0, dtype=target_dtype)) else _labels(X, y_raw, self.num_classes)
             prepare = self.data.task.prepare
             out.append((int(c), *(prepare(X, y_out) if prepare is not None else (X, y_out))))
         return out
-
-    def _check_labels(self, X: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """Class ids checked (one finite integer in ``[0, classes)`` per sample) as int64."""
-        nc = self.num_classes
-        if y.ndim != 1:
-            raise DataError(f"y must be 1-D (one label per sample), got shape {y.shape}")
-        if len(X) != len(y):
-            raise DataError(f"X has {len(X)} rows but y has {len(y)} labels")
-        if not np.isfinite(y).all():
-            raise DataError("y holds non-finite values (NaN or infinity); labels are integers")
-        if np.any(y != np.round(y)) or np.any((y < 0) | (y >= nc)):
-            raise DataError(f"labels must be integers in [0, {nc}), got values from {y.min():g} to {y.max():g}")
-        return y.astype(np.int64)
-
-    def _check_targets(self, X: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """Regression targets checked (one finite row of targets per sample) as float32."""
-        k = self.num_classes
-        if y.ndim == 1 and k == 1:
-            y = y.reshape(-1, 1)
-        if y.ndim != 2 or y.shape[1] != k:
-            names = f" ({', '.join(self.data.task.target_names)})" if self.data.task.target_names else ""
-            raise DataError(f"y must have shape (samples, {k}): the model predicts {k} targets{names}, got shape "
-                            f"{y.shape}")
-        if len(X) != len(y):
-            raise DataError(f"X has {len(X)} rows but y has {len(y)}")
-        if not np.isfinite(y).all():
-            raise DataError("X or y holds non-finite values (NaN or infinity); every value must be finite")
-        return y.astype(np.float32)
 
     @property
     def num_classes(self) -> int:
@@ -301,7 +269,7 @@ class HFLEngine(ServerModel, Suspendable):
         if self.cfg.compression.weighted_uploads:
             shares = self.cfg.compression.up_shares([sizes[c] for c in sampled.tolist()])
             budget = {c: {"up_ratio": r} for c, r in zip(sampled.tolist(), shares, strict=True)}
-        together = self._together(sampled, failed)
+        together = self._batching.together(sampled, failed, self.clients, data.clients)
 
         def take(c: int, upload: bytes, seconds: float, started: float) -> None:
             got.parts[slot[c]] = ClientRound(c, int(sizes[c]), seconds, started,
@@ -312,7 +280,7 @@ class HFLEngine(ServerModel, Suspendable):
             got.losses.append(self.clients[c].train_loss)
 
         slot = {c: i for i, c in enumerate(sampled.tolist())}
-        msgs = self._messages(sampled.tolist()) if together is not None else None
+        msgs = self._batching.messages(server, sampled.tolist()) if together is not None else None
         for i, (c, fails) in enumerate(zip(sampled.tolist(), failed.tolist(), strict=True)):
             msg = server.message(c) if msgs is None else msgs[i]
             got.bytes_down += len(msg)
@@ -330,38 +298,6 @@ class HFLEngine(ServerModel, Suspendable):
             for c, upload, seconds, started in together.run(rnd, budget):
                 take(c, upload, seconds, started)
         return got
-
-    def _messages(self, clients: list[int]) -> list[bytes]:
-        """The round's downlink messages for ``clients`` (trained together), in client order: by Sluice's
-        server each different message encoded once (:meth:`Server.messages`), the same bytes as one by one."""
-        server = self.server
-        if type(server).message is Server.message and hasattr(server, "messages"):
-            return server.messages(clients)
-        return [server.message(c) for c in clients]
-
-    def _together(self, sampled: np.ndarray, failed: np.ndarray) -> Together | None:
-        """The round's clients that train together (``train.batched_clients``), or None: one by one."""
-        mode = self.cfg.train.batched_clients
-        if mode is False or (mode == "auto" and not pays(self.learner, len(sampled) - int(failed.sum()))):
-            return None
-        if self._one_by_one is None and self._batched is None:
-            self._one_by_one = unbatchable(self.learner, self.cfg.train.lr, self.client_cls)
-        why = self._one_by_one or untensored([self.data.clients[c] for c in sampled.tolist()])
-        if why is None:
-            self._batched = self._batched or BatchedFit(self.learner)
-            return Together(self._batched, self.clients, self.data.clients, self.cfg, self._train_one_by_one)
-        self._train_one_by_one(why)
-        return None
-
-    def _train_one_by_one(self, why: str) -> None:
-        """From now on the clients train one by one, because ``why``: said once, as a note and a log line."""
-        if not self._said_one_by_one:
-            note = (f"train.batched_clients: the clients train one by one, task {self._task().name!r} cannot train "
-                    f"together: {why}")
-            self._notes.append(note)
-            logger.warning(note)
-            self._said_one_by_one = True
-        self._one_by_one = why
 
     def _evaluate(self) -> dict[str, float]:
         """Test metrics of the server model (:meth:`sluice.hfl.learner.Learner.evaluate`)."""
@@ -392,3 +328,31 @@ class HFLEngine(ServerModel, Suspendable):
         self._rng = np.random.default_rng()
         self._rng.bit_generator.state = rng
         self._min_samples, self._trainable = int(min_samples), trainable
+
+
+def _labels(X: np.ndarray, y: np.ndarray, nc: int) -> np.ndarray:
+    """Class ids checked (one finite integer in ``[0, nc)`` per sample) as int64."""
+    if y.ndim != 1:
+        raise DataError(f"y must be 1-D (one label per sample), got shape {y.shape}")
+    if len(X) != len(y):
+        raise DataError(f"X has {len(X)} rows but y has {len(y)} labels")
+    if not np.isfinite(y).all():
+        raise DataError("y holds non-finite values (NaN or infinity); labels are integers")
+    if np.any(y != np.round(y)) or np.any((y < 0) | (y >= nc)):
+        raise DataError(f"labels must be integers in [0, {nc}), got values from {y.min():g} to {y.max():g}")
+    return y.astype(np.int64)
+
+
+def _targets(X: np.ndarray, y: np.ndarray, k: int, target_names: list[str] | None) -> np.ndarray:
+    """Regression targets checked (one finite row of ``k`` targets per sample) as float32."""
+    if y.ndim == 1 and k == 1:
+        y = y.reshape(-1, 1)
+    if y.ndim != 2 or y.shape[1] != k:
+        names = f" ({', '.join(target_names)})" if target_names else ""
+        raise DataError(f"y must have shape (samples, {k}): the model predicts {k} targets{names}, got shape "
+                        f"{y.shape}")
+    if len(X) != len(y):
+        raise DataError(f"X has {len(X)} rows but y has {len(y)}")
+    if not np.isfinite(y).all():
+        raise DataError("X or y holds non-finite values (NaN or infinity); every value must be finite")
+    return y.astype(np.float32)

@@ -64,6 +64,9 @@ class ServerModel:
 
     # -- the round -----------------------------------------------------------------------------
     def iterate(self) -> IterationEvent:
+        """One round (see the module docstring): the round's event, with the uploads' train loss (weighted by
+        their sample counts), every ``train.eval_every`` rounds the server model's test metrics, each sampled
+        client's part, and DIVERGED when a loss is not finite."""
         self.start()
         if self._suspended:
             raise TrainingError("the engine is suspended: resume() it before the next round")
@@ -82,7 +85,19 @@ class ServerModel:
         if broadcast is not None:
             got.bytes_down += self._broadcast(broadcast)
         metrics = {"participants": float(len(got.losses)), "dropped": float(got.dropped), **got.metrics}
-        return self._round_event(rnd, metrics, got.losses, got.weights, got.bytes_up, got.bytes_down, t0, got.parts)
+        if got.losses and sum(got.weights) > 0:
+            metrics["train_loss"] = float(np.average(got.losses, weights=got.weights))
+        if rnd % tr.eval_every == 0:
+            metrics.update(self._evaluate())
+            note = self._watch.observe(rnd, metrics) if self._watch is not None else None
+            if note:
+                self._notes.append(note)
+        anomaly, detail = None, ""
+        bad = [k for k in ("train_loss", "test_loss") if k in metrics and not math.isfinite(metrics[k])]
+        if bad:
+            anomaly, detail = "DIVERGED", f"{bad[0]} is {metrics[bad[0]]} at round {rnd}"
+        return IterationEvent(iteration=rnd, metrics=metrics, bytes_up=got.bytes_up, bytes_down=got.bytes_down,
+                              seconds=time.perf_counter() - t0, anomaly=anomaly, detail=detail, clients=got.parts)
 
     def _refusal(self) -> tuple[str, str] | None:
         """``(anomaly, detail)`` when the round cannot train (it is then no iteration), else None."""
@@ -135,24 +150,3 @@ class ServerModel:
     def num_params(self) -> int:
         self.start()
         return num_params(self.learner.model)
-
-    def _round_event(self, rnd: int, metrics: dict[str, float], losses: list[float], weights: list[float],
-                     bytes_up: int, bytes_down: int, t0: float,
-                     clients: list[ClientRound] | None = None) -> IterationEvent:
-        """Round ``rnd``'s event: ``metrics`` plus the clients' train loss (weighted by ``weights``) and,
-        every ``train.eval_every`` rounds, the engine's ``_evaluate()``, with each sampled client's part
-        (``clients``); DIVERGED when a loss is not finite."""
-        if losses and sum(weights) > 0:
-            metrics["train_loss"] = float(np.average(losses, weights=weights))
-        if rnd % self.cfg.train.eval_every == 0:
-            metrics.update(self._evaluate())
-            note = self._watch.observe(rnd, metrics) if self._watch is not None else None
-            if note:
-                self._notes.append(note)
-        anomaly, detail = None, ""
-        bad = [k for k in ("train_loss", "test_loss") if k in metrics and not math.isfinite(metrics[k])]
-        if bad:
-            anomaly, detail = "DIVERGED", f"{bad[0]} is {metrics[bad[0]]} at round {rnd}"
-        return IterationEvent(iteration=rnd, metrics=metrics, bytes_up=bytes_up, bytes_down=bytes_down,
-                              seconds=time.perf_counter() - t0, anomaly=anomaly, detail=detail,
-                              clients=list(clients or []))
