@@ -28,6 +28,7 @@ uploads, dense server step, dense downlink) beside Sluice's compression.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -143,10 +144,14 @@ def run_flower(task: str, clients: int, rounds: int, variant: str, cpus: int, ti
         argv += [x for kv in _settings("", job) for x in ("--set", kv)]
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
         t0 = time.perf_counter()
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                start_new_session=True)
         try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, env=env)
+            stdout, stderr = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
+            _stop_tree(proc)
             return {**setting, "error": f"took more than {timeout:.0f} s"}
+        done = subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
         wall = time.perf_counter() - t0
         rows = records_of(out)
         if done.returncode != 0 or len(rows) != rounds + 1:
@@ -158,6 +163,31 @@ def run_flower(task: str, clients: int, rounds: int, variant: str, cpus: int, ti
     return {**setting, "seconds_per_round": seconds, "start_seconds": wall - sum(r["seconds"] for r in rows),
             "bytes_up": [r["bytes_up"] for r in rows], "bytes_down": [r["bytes_down"] for r in rows],
             "accuracy": [r.get("test_accuracy") for r in rows], "train_loss": [r.get("train_loss") for r in rows]}
+
+
+def _stop_tree(proc: subprocess.Popen) -> None:
+    """Stop a run that took too long and every process it started: its process group (the CLI stops its
+    deployment on SIGTERM), then its descendants as they were when it was stopped (Ray starts some in sessions
+    of their own)."""
+    import signal
+
+    import psutil
+
+    try:
+        tree = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        tree = []
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    for p in tree:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
 
 
 def _time_calls(cls: type, name: str) -> list[list[float]]:

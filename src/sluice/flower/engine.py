@@ -42,18 +42,16 @@ Sluice's payload.
 
 from __future__ import annotations
 
-import concurrent.futures
-import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
 from sluice.engine import ClientRound, Suspendable
-from sluice.errors import ConfigError, DataError, TaskError, TrainingError
+from sluice.errors import ConfigError, DataError, TaskError
 from sluice.flower import protocol as P
-from sluice.flower.rounds import DEFAULT_EMPTY_ROUNDS, Silence, Try, error_text, silent_reason, unavailable
+from sluice.flower.nodes import Link, Nodes
+from sluice.flower.rounds import DEFAULT_EMPTY_ROUNDS, Silence, Try, silent_reason
 from sluice.hfl.config import HFLConfig
 from sluice.hfl.learner import Learner
 from sluice.hfl.rounds import Exchanged, ServerModel, client_metrics
@@ -63,8 +61,6 @@ from sluice.tasks import client_datasets, load_task
 from sluice.tasks.resolve import Federation
 from sluice.wire.state import field, pack, unpack
 
-SHOWN = 5
-"""Silent nodes an error names one by one (the others are counted)."""
 NODE_DATA = ("on a Flower federation the training data lives on the nodes, which this runtime does not add to, "
              "limit or count")
 
@@ -93,7 +89,11 @@ def _uint8(buf: bytes) -> Any:
 
 
 class FlowerEngine(ServerModel, Suspendable):
-    """Implements :class:`sluice.engine.Engine` over a Flower ``Grid``; one iteration is one round."""
+    """Implements :class:`sluice.engine.Engine` over a Flower ``Grid``; one iteration is one round. ``link``
+    makes the calls to the SuperLink; ``nodes`` (built by :meth:`start`) knows which node serves which terminal
+    and what each terminal holds (:mod:`sluice.flower.nodes`)."""
+
+    nodes: Nodes
 
     def __init__(self, cfg: HFLConfig, grid: Any, *, round_timeout_s: float = 60.0, link_timeout_s: float = 30.0,
                  node_wait_s: float = 120.0, min_nodes: int | None = None, poll_s: float = 0.05,
@@ -109,17 +109,9 @@ class FlowerEngine(ServerModel, Suspendable):
         self.poll_s = float(poll_s)
         self.silence = Silence(empty_rounds, self.round_timeout_s)
         self.server: Server | None = None
-        self.link_lost = False
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="sluice-link")
+        self.link = Link(grid, self.link_timeout_s, self.poll_s)
         self._trainable: int | None = None
-        self._node_of: dict[int, int] = {}  # terminal -> Flower node id
-        self._seen: set[int] = set()  # node ids that answered which terminal they serve
-        self._hellos: dict[str, int] = {}  # message id -> node id: questions not answered yet
-        self._resync: set[int] = set()  # terminals whose next message must be dense
-        self._sent: dict[int, tuple[int, int]] = {}  # terminal -> (model round, anchor round) it was sent
         self._pending: dict[int, list[tuple[int, bytes]]] = {}  # terminal -> anchor broadcasts not yet sent
-        self._examples: dict[int, int] = {}  # terminal -> training samples its node last reported
-        self.refused: dict[int, str] = {}  # node id -> why it cannot serve a terminal of this job
         self._suspended = False
         self._restored: list[Any] | None = None  # a checkpoint's server side, applied by start()
 
@@ -139,13 +131,21 @@ class FlowerEngine(ServerModel, Suspendable):
                              buffers=learner.buffers0 if learner.num_buffers else None)
         self._anchor = self.theta0.copy(), self.server.replayed_velocity()  # what a resync sends as the anchor
         self._rng = np.random.default_rng(cfg.seed)
+        self.nodes = Nodes(self.link, self.n, keeps_state=cfg.compression.downlink in ("per-client", "anchor"),
+                           wait_s=self.node_wait_s, round_timeout_s=self.round_timeout_s,
+                           startup=self.silence.startup)
         if self._restored is not None:
             self._apply_restored(*self._restored)
-        self._wait_for_nodes()
+        self.nodes.wait(self.min_nodes if self.min_nodes else self.n)
 
     def stop(self) -> None:
         super().stop()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.link.close()
+
+    @property
+    def link_lost(self) -> bool:
+        """Whether a call to the SuperLink timed out or failed."""
+        return self.link.lost
 
     @property
     def metrics(self) -> dict[str, MetricSpec]:
@@ -207,114 +207,9 @@ class FlowerEngine(ServerModel, Suspendable):
         self._rng.bit_generator.state = rng
         self._anchor = anchor[0], anchor[1]
         self._trainable = trainable
-        self._sent.clear()
+        self.nodes.sent.clear()
         self._pending.clear()
-        self._resync = set(range(self.n))  # what each node holds is unknown: its next message is dense
-
-    # -- talking to the SuperLink ------------------------------------------------------------------
-    def _call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` on the grid, or :class:`TrainingError` when the SuperLink does not answer in time
-        (the Flower client itself retries forever)."""
-        future = self._pool.submit(fn, *args)
-        try:
-            return future.result(timeout=self.link_timeout_s)
-        except concurrent.futures.TimeoutError:
-            self.link_lost = True
-            raise TrainingError(f"the SuperLink did not answer within {self.link_timeout_s:g} s ({what}); "
-                                "is it still running?") from None
-        except Exception as exc:  # noqa: BLE001 - every transport error is the link's failure
-            self.link_lost = True
-            raise TrainingError(f"the SuperLink failed ({what}): {type(exc).__name__}: {exc}") from None
-
-    def _exchange_messages(self, messages: list[Any], deadline_s: float) -> list[Any]:
-        """Push ``messages``; pull replies until all arrived or ``deadline_s`` passed. The reply to each
-        message, in order (None where none came)."""
-        if not messages:
-            return []
-        ids = list(self._call("push messages", self.grid.push_messages, messages))
-        replies = self._pull({i for i in ids if i}, deadline_s)
-        return [replies.get(i) if i else None for i in ids]
-
-    def _pull(self, ids: set[str], deadline_s: float) -> dict[str, Any]:
-        """The replies to the messages ``ids`` that come until all did or ``deadline_s`` passed, by message id."""
-        waiting, replies = set(ids), {}
-        end = time.monotonic() + deadline_s
-        while waiting and time.monotonic() < end:
-            for reply in self._call("pull messages", self.grid.pull_messages, sorted(waiting)):
-                rid = reply.metadata.reply_to_message_id
-                if rid in waiting:
-                    waiting.discard(rid)
-                    replies[rid] = reply
-            if waiting:
-                time.sleep(self.poll_s)
-        return replies
-
-    def _discover(self, deadline_s: float | None = None) -> None:
-        """Ask every node not seen yet which terminal it serves and what it holds. A question stays asked until
-        its node answers or it expires (after ``node_wait_s``): a ClientApp slow to start answers a later look."""
-        from flwr.app import ConfigRecord, Message, MessageType, RecordDict
-
-        nodes = list(self._call("get node ids", self.grid.get_node_ids))
-        alive = set(nodes)
-        for c in [c for c, nid in self._node_of.items() if nid not in alive]:
-            del self._node_of[c]
-            self._resync.add(c)
-        self._hellos = {mid: nid for mid, nid in self._hellos.items() if nid in alive}
-        asked = set(self._hellos.values())
-        new = [nid for nid in nodes if nid not in self._seen and nid not in asked]
-        if new:
-            hello = [Message(RecordDict({P.META: ConfigRecord({"op": "hello"})}), nid, MessageType.QUERY,
-                             ttl=max(self.node_wait_s, self.round_timeout_s, 1.0)) for nid in new]
-            ids = self._call("push messages", self.grid.push_messages, hello)
-            self._hellos.update({mid: nid for mid, nid in zip(ids, new, strict=True) if mid})
-        if self._hellos:
-            got = self._pull(set(self._hellos), self.round_timeout_s if deadline_s is None else deadline_s)
-            for mid, reply in got.items():
-                self._hello_reply(self._hellos.pop(mid), reply)
-
-    def _hello_reply(self, nid: int, reply: Any) -> None:
-        if reply.has_error():
-            if not unavailable(reply):  # a node that cannot serve this job (no or a wrong partition-id)
-                self._seen.add(nid)
-                self.refused[nid] = error_text(reply)
-            return  # else the question expired, or the node missed its heartbeats: it is asked again
-        meta = reply.content.config_records[P.META]
-        if "startup-seconds" in meta:  # the ClientApp's start-up, measured on the node
-            self.silence.startup[nid] = float(meta["startup-seconds"])
-        c = int(meta["terminal"])
-        self._seen.add(nid)
-        if not 0 <= c < self.n:
-            return  # a node outside this federation's terminals takes no part
-        self._node_of[c] = nid
-        self._examples[c] = int(meta["num-examples"])
-        held = (int(meta["model-round"]), int(meta["anchor-round"]))
-        if held != self._sent.get(c, (0, 0)) and self._mode_keeps_state():
-            self._resync.add(c)
-
-    def _mode_keeps_state(self) -> bool:
-        return self.cfg.compression.downlink in ("per-client", "anchor")
-
-    def _wait_for_nodes(self) -> None:
-        want = self.min_nodes if self.min_nodes else self.n
-        end = time.monotonic() + self.node_wait_s
-        while True:
-            self._discover(deadline_s=min(self.round_timeout_s, max(1.0, end - time.monotonic())))
-            if len(self._node_of) >= want:
-                return
-            if time.monotonic() >= end:
-                why = "".join(f"; node {nid}: {reason}" for nid, reason in self.refused.items())
-                silent = sorted(set(self._hellos.values()))
-                why += "".join(f"; node {nid}: no answer (a ClientApp slower to start than that?)"
-                               for nid in silent[:SHOWN])
-                why += f"; {len(silent) - SHOWN} more nodes did not answer" if len(silent) > SHOWN else ""
-                terms = sorted(self._node_of)
-                more = len(terms) - 4 * SHOWN
-                seen = f"{terms[:4 * SHOWN]}" + (f" and {more} more" if more > 0 else "")
-                raise TrainingError(f"{len(self._node_of)} of the {want} nodes needed answered within "
-                                    f"{self.node_wait_s:g} s (terminals {seen}); start "
-                                    "a SuperNode per terminal with --node-config 'partition-id=<c>', or wait longer "
-                                    f"for them (--node-wait){why}")
-            time.sleep(0.5)
+        self.nodes.resync = set(range(self.n))  # what each node holds is unknown: its next message is dense
 
     # -- one round (the loop: sluice.hfl.rounds) ------------------------------------------------
     def _population(self) -> int:
@@ -333,24 +228,24 @@ class FlowerEngine(ServerModel, Suspendable):
         sampled, failed = sampled_.tolist(), failed_.tolist()
         spent = [0, 0]  # Sluice's and Flower's bytes down of the round's empty tries
         while True:
-            self._discover()
+            self.nodes.discover()
             t = self._try(rnd, sampled, failed)
             if t.out:
-                self._receive(t, self._exchange_messages([msg for _, msg in t.out], t.deadline))
+                self._receive(t, self.link.exchange([msg for _, msg in t.out], t.deadline))
                 if t.answered:
                     break
-            elif self._node_of:
+            elif self.nodes.node_of:
                 break  # it drew only terminals no node serves: they drop out, as in the simulator
             else:  # no node serves any terminal: wait for one as long as a round waits
-                self._await_node(t.deadline)
-                if self._node_of:
+                self.nodes.await_any(t.deadline)
+                if self.nodes.node_of:
                     continue
             spent[0] += t.bytes_down
             spent[1] += t.flower_down
             self.silence.empty(rnd, t)  # TrainingError at the limit
         if t.answered:
             self.silence.answered()
-        metrics = {"resynced": float(t.resynced), "nodes": float(len(self._node_of)),
+        metrics = {"resynced": float(t.resynced), "nodes": float(len(self.nodes.node_of)),
                    "flower_bytes_up": float(t.flower_up), "flower_bytes_down": float(t.flower_down + spent[1])}
         return Exchanged(bytes_up=t.bytes_up, bytes_down=t.bytes_down + spent[0], weights=t.weights,
                          losses=t.losses, parts=[t.parts[c] for c in sorted(t.parts)], dropped=t.dropped,
@@ -361,30 +256,30 @@ class FlowerEngine(ServerModel, Suspendable):
         built and counted, not sent."""
         from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 
-        cfg, server = self.cfg, self.server
-        t = Try(self.silence.deadline([self._node_of[c] for c in sampled if c in self._node_of]))
+        cfg, server, nodes = self.cfg, self.server, self.nodes
+        t = Try(self.silence.deadline([nodes.node_of[c] for c in sampled if c in nodes.node_of]))
         anchor_mode = cfg.compression.downlink == "anchor"
-        shares = cfg.compression.up_shares([self._examples.get(c, self._sizes[c]) for c in sampled])
+        shares = cfg.compression.up_shares([nodes.examples.get(c, self._sizes[c]) for c in sampled])
         for c, fails, share in zip(sampled, failed, shares, strict=True):
             down = server.message(c)
-            node = self._node_of.get(c)
+            node = nodes.node_of.get(c)
             if node is None:  # no node serves this terminal now: nothing is sent
                 t.dropped += 1
-                self._resync.add(c)
+                nodes.resync.add(c)
                 t.parts[c] = ClientRound(c, dropped=True)
                 t.problems[c] = f"no SuperNode serves it (one started with --node-config 'partition-id={c}')"
                 continue
             pending = self._pending.pop(c, [])
-            resync = c in self._resync
+            resync = c in nodes.resync
             if resync:
                 down = server.resync_message()
                 pending = ([(server.downlink.anchor_round, server.downlink.full_message(*self._anchor))]
                            if anchor_mode else [])
                 t.bytes_down += sum(len(b) for _, b in pending)
-                self._resync.discard(c)
+                nodes.resync.discard(c)
                 t.resynced += 1
             t.bytes_down += len(down)
-            base = self._sent.get(c, (0, 0))
+            base = nodes.sent.get(c, (0, 0))
             anchor_round = pending[-1][0] if pending else base[1]
             arrays = {"down": _uint8(down)}
             arrays.update({f"anchor-{i}": _uint8(b) for i, (_, b) in enumerate(pending)})
@@ -395,7 +290,7 @@ class FlowerEngine(ServerModel, Suspendable):
             msg = Message(RecordDict({P.RECORD: ArrayRecord(arrays), P.META: ConfigRecord(meta)}), node,
                           MessageType.TRAIN, ttl=max(t.deadline, 1.0), group_id=str(rnd))
             t.flower_down += flower_object_bytes(msg)
-            self._sent[c] = (server.round, anchor_round)
+            nodes.sent[c] = (server.round, anchor_round)
             t.out.append((c, msg))
             t.parts[c] = ClientRound(c, dropped=True, resynced=resync)  # until its upload arrives
         return t
@@ -408,7 +303,7 @@ class FlowerEngine(ServerModel, Suspendable):
         for (c, msg), reply in zip(t.out, replies, strict=True):
             if reply is None or reply.has_error() or not reply.has_content():
                 t.dropped += 1
-                self._resync.add(c)  # what the node applied is unknown: its next message is dense
+                self.nodes.resync.add(c)  # what the node applied is unknown: its next message is dense
                 t.problems[c] = f"node {msg.metadata.dst_node_id}: {silent_reason(reply, t.deadline)}"
                 continue
             t.answered += 1
@@ -421,18 +316,11 @@ class FlowerEngine(ServerModel, Suspendable):
             upload = arrays["up"].data
             weight = float(meta["num-examples"])
             t.parts[c] = _part(t.parts[c], meta)
-            self._examples[c] = int(weight)
+            self.nodes.examples[c] = int(weight)
             t.bytes_up += len(upload)
             self.server.receive(c, upload, weight)
             t.weights.append(weight)
             t.losses.append(float(meta["train-loss"]))
-
-    def _await_node(self, deadline_s: float) -> None:
-        """Until a node serves a terminal again, or ``deadline_s`` passed."""
-        end = time.monotonic() + deadline_s
-        while not self._node_of and time.monotonic() < end:
-            time.sleep(max(self.poll_s, 0.2))
-            self._discover(deadline_s=max(0.5, min(self.round_timeout_s, end - time.monotonic())))
 
     def _evaluate(self) -> dict[str, float]:
         """Test metrics of the server model, as the simulator computes them after each round (not the

@@ -144,11 +144,6 @@ class LocalTrainer(Suspendable):
         """The training samples held: the task's, then those added."""
         return self.base if self.added is None else extend(self.base, *self.added)
 
-    def _in_use(self) -> torch.utils.data.Dataset:
-        data = self.data
-        n = self.num_samples
-        return data if n == len(data) else take(data, range(n))
-
     # ------------------------------------------------------------------ optional capabilities
     @property
     def num_samples(self) -> int:
@@ -183,7 +178,7 @@ class LocalTrainer(Suspendable):
             raise ConfigError(f"the last {n} layers share parameters with earlier layers ({', '.join(tied)}: tied "
                               "weights), so they cannot be trained alone; train more layers or all")
         self._trainable = int(n)
-        self._apply_trainable()
+        self.opt = _optimizer(self.task_def, self.model, self._trainable, self.lr, self.momentum)
 
     def limit_samples(self, n: int) -> None:
         """Use only the first ``n`` training samples."""
@@ -220,20 +215,7 @@ class LocalTrainer(Suspendable):
         self.base = to_device(self.base, self.device)
         self.model = model
         self.loss = self.task_def.loss_fn()
-        self._apply_trainable()
-
-    def _apply_trainable(self) -> None:
-        if self.model is None:
-            return
-        groups = layers(self.model)
-        keep = len(groups) if self._trainable is None else self._trainable
-        for i, group in enumerate(groups):
-            for p in group:
-                p.requires_grad_(i >= len(groups) - keep)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        opt = self.task_def.optimizer
-        self.opt = opt(params, self.lr) if opt is not None else torch.optim.SGD(params, lr=self.lr,
-                                                                                momentum=self.momentum)
+        self.opt = _optimizer(self.task_def, model, self._trainable, self.lr, self.momentum)
 
     def check_data(self, data: Any) -> tuple[np.ndarray, np.ndarray]:
         """Samples for :meth:`add_data` (``{"X": ..., "y": ...}`` or ``(X, y)``) as arrays, or DataError when
@@ -262,18 +244,11 @@ class LocalTrainer(Suspendable):
             raise DataError("added data has non-finite values (NaN or inf)")
         self.start()
         if self.task == "classification" and y.size:
-            classes = self._outputs()
+            classes = _outputs(self.model, self.base, self.device)
             if int(y.max()) >= classes:
                 raise DataError(f"added labels go up to {int(y.max())}; classes are 0..{classes - 1}")
         prepare = self.task_def.prepare
         return prepare(X, y) if prepare is not None else (X, y)
-
-    def _outputs(self) -> int:
-        assert self.model is not None
-        x, _ = batch(self.base, torch.zeros(1, dtype=torch.int64))
-        with torch.no_grad():
-            self.model.eval()
-            return int(self.model(x.to(self.device)).shape[1])
 
     def add_data(self, data: Any) -> None:
         """Append samples: ``{"X": ..., "y": ...}`` or ``(X, y)`` (checked by :meth:`check_data`)."""
@@ -333,7 +308,7 @@ class LocalTrainer(Suspendable):
         self.start()
         assert self.model is not None
         self._trainable = trainable
-        self._apply_trainable()
+        self.opt = _optimizer(self.task_def, self.model, self._trainable, self.lr, self.momentum)
         load_module_tree(self.model, model)
         load_optimizer_tree(self.opt, opt)
         self.added = None if added is None else (added[0], added[1])
@@ -342,7 +317,7 @@ class LocalTrainer(Suspendable):
     # ------------------------------------------------------------------ one iteration
     def _train_once(self) -> float:
         assert self.model is not None
-        data = self._in_use()
+        data = _first(self.data, self.num_samples)
         n = len(data)
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.iteration + 1)
         bs = min(self.batch_size, n)
@@ -426,3 +401,30 @@ def _arrays(X: Any, y: Any, kind: str, *, flat: bool = True) -> tuple[np.ndarray
     if y.shape[0] != X.shape[0]:
         raise DataError(f"X has {X.shape[0]} rows but y has {y.shape[0]}")
     return X, y
+
+
+def _optimizer(task: Task, model: torch.nn.Module, trainable: int | None, lr: float,
+               momentum: float) -> torch.optim.Optimizer:
+    """Freeze all but the last ``trainable`` layers of ``model`` (all train when None) and return the optimizer
+    of the layers that train: the task's, or SGD with ``lr`` and ``momentum``."""
+    groups = layers(model)
+    keep = len(groups) if trainable is None else trainable
+    for i, group in enumerate(groups):
+        for p in group:
+            p.requires_grad_(i >= len(groups) - keep)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = task.optimizer
+    return opt(params, lr) if opt is not None else torch.optim.SGD(params, lr=lr, momentum=momentum)
+
+
+def _outputs(model: torch.nn.Module, data: torch.utils.data.Dataset, device: torch.device) -> int:
+    """The number of outputs of ``model`` (left in eval mode), from one sample of ``data``."""
+    x, _ = batch(data, torch.zeros(1, dtype=torch.int64))
+    with torch.no_grad():
+        model.eval()
+        return int(model(x.to(device)).shape[1])
+
+
+def _first(data: torch.utils.data.Dataset, n: int) -> torch.utils.data.Dataset:
+    """The first ``n`` samples of ``data`` (``data`` itself when it holds ``n``)."""
+    return data if n == len(data) else take(data, range(n))
