@@ -22,9 +22,9 @@ from flwr.serverapp.strategy import FedAvg
 
 from sluice.data import load_federated
 from sluice.hfl.client import build_model, local_train
-from sluice.jobs import job_from_dict
 from sluice.metrics import classification_metrics
 from sluice.models import get_flat, set_flat
+from sluice.runtimes.jobs import job_from_dict
 
 server_app = ServerApp()
 client_app = ClientApp()

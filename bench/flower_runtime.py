@@ -6,7 +6,7 @@ per-client downlink) with ``data.num_clients = 4`` and every client in every rou
 
 Measured, each for ``--rounds`` rounds:
 
-* Sluice on Flower (``sluice.flower``): seconds per round (the ServerApp's iteration time, discovery of the
+* Sluice on Flower (``sluice.runtimes.flower``): seconds per round (the ServerApp's iteration time, discovery of the
   nodes excluded), Sluice bytes per round each way (``len()`` of its messages), the bytes of the Flower
   objects that carried them, the SuperLink's traffic counter for the run (``flwr ls``), final accuracy;
 * Flower's FedAvg (``bench/flower_fedavg_app.py``: the same model, data and local training, dense float32
@@ -39,8 +39,8 @@ from pathlib import Path
 
 import tomli_w
 
-from sluice.flower.deploy import LocalDeployment, _bin, flower_env, run_status, submit
-from sluice.jobs import load_job
+from sluice.runtimes.flower.deploy import LocalDeployment, _bin, flower_env, run_status, submit
+from sluice.runtimes.jobs import load_job
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -151,8 +151,8 @@ def simulator(rounds: int) -> dict:
 
 
 def clientapp_import_seconds(repeats: int = 3) -> float:
-    code = ("import torch, sluice.flower.app, sluice.hfl.client, sluice.data;"
-            "from sluice.jobs import load_job; from sluice.data import load_federated;"
+    code = ("import torch, sluice.runtimes.flower.app, sluice.hfl.client, sluice.data;"
+            "from sluice.runtimes.jobs import load_job; from sluice.data import load_federated;"
             "load_federated(load_job('hfl', None, ['data.num_clients=4']).config.data, seed=0)")
     out = []
     for _ in range(repeats):

@@ -36,7 +36,7 @@ from typing import Any
 
 from sluice.data.scenarios import load_scenario
 from sluice.data.scenarios.base import cache_dir
-from sluice.jobs import job_from_dict
+from sluice.runtimes.jobs import job_from_dict
 
 # Per scenario: the error metric, the model and training settings shared by every run of it.
 SCENARIOS: dict[str, dict[str, Any]] = {

@@ -1,19 +1,19 @@
 """Benchmark: the management service's per-iteration overhead on a Flower federation, against
 ``sluice run --runtime flower`` on the same deployment and job (issue 43: within 5 %).
 
-One :class:`~sluice.flower.deploy.LocalDeployment` (a SuperLink and 3 SuperNodes on 127.0.0.1, TLS) and one
+One :class:`~sluice.runtimes.flower.deploy.LocalDeployment` (a SuperLink and 3 SuperNodes on 127.0.0.1, TLS) and one
 ``sluice serve`` (SQLite, ``[federations.edge]`` naming that SuperLink and its CA, 3 nodes) run for the whole
 benchmark. The same small HFL job (digits, ``data.num_clients=3``, participation 1.0, ``model.hidden=[32]``,
 one local epoch, seed 0, ``--rounds`` iterations) is then trained, alternately (A B, B A, A B...):
 
 * **flower**: submitted straight to the deployment as ``sluice run --runtime flower`` submits it
-  (:func:`sluice.flower.deploy.submit` with :class:`sluice.flower.runner.FlowerOptions`'s run configuration:
-  round timeout 60 s, link timeout 30 s, node wait 120 s, the server polling for replies every 0.05 s,
-  ``min-nodes`` 3); the ServerApp trains under ``sluice.training.run_job`` and writes ``status.json``,
+  (:func:`sluice.runtimes.flower.deploy.submit` with :class:`sluice.runtimes.flower.runner.FlowerOptions`'s run
+  configuration: round timeout 60 s, link timeout 30 s, node wait 120 s, the server polling for replies every 0.05 s,
+  ``min-nodes`` 3); the ServerApp trains under ``sluice.runtimes.training.run_job`` and writes ``status.json``,
   ``metrics.jsonl`` and ``report.json`` into the run directory;
 * **service**: created as an ``MLTrainingRequest`` with ``"federation": "edge"`` and the termination
   ``{"iterations": rounds}``; the service's worker relays the worker protocol to the run's ServerApp, which
-  trains under ``sluice.remote.run_steered`` (progress, state and checkpoint messages to the service).
+  trains under ``sluice.runtimes.remote.run_steered`` (progress, state and checkpoint messages to the service).
 
 Per iteration, both sides: the training process's own clock (``elapsed_s``, the active training time, in the
 ServerApp) at the end of the last iteration minus the same clock at the end of the first, over
@@ -57,9 +57,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from sluice.flower.deploy import FLOWER_VERSION, LocalDeployment, submit  # noqa: E402
-from sluice.flower.runner import FlowerOptions  # noqa: E402
-from sluice.jobs import load_job  # noqa: E402
+from sluice.runtimes.flower.deploy import FLOWER_VERSION, LocalDeployment, submit  # noqa: E402
+from sluice.runtimes.flower.runner import FlowerOptions  # noqa: E402
+from sluice.runtimes.jobs import load_job  # noqa: E402
 from test_service_support import Server, checked, request_body, start_server, stop_server  # noqa: E402
 
 NODES = 3

@@ -132,7 +132,7 @@ def run_flower(task: str, clients: int, rounds: int, variant: str, cpus: int, ti
     """One setting on Flower's Simulation Engine: ``sluice run --runtime flower-sim`` in a fresh process tree."""
     import tempfile
 
-    from sluice.flower.failure import records_of
+    from sluice.runtimes.flower.failure import records_of
 
     setting = {"task": task, "clients": clients, "mode": FLOWER, "device": "cpu", "rounds": rounds, "variant": variant}
     job = job_of(task, clients, variant)

@@ -8,7 +8,7 @@ side by side in one run:
     intersection); bytes = the summed lengths of the three serialised messages.
 (b) **Sluice**: :func:`sluice.psi.intersect` here (the split leader) against :func:`sluice.psi.serve` in a
     separate follower process, over :mod:`sluice.transport.grpc_link` with mutual TLS (certificates from
-    :func:`sluice.flower.certs.make_split_certificates`, as ``sluice certs DIR --follower ADDR`` makes them),
+    :func:`sluice.runtimes.flower.certs.make_split_certificates`, as ``sluice certs DIR --follower ADDR`` makes them),
     each message framed with :func:`sluice.wire.tensor.encode_raw`. Time = the leader's ``intersect()`` wall
     time, from building its request to the result; bytes = what the leader's link counted, both directions
     (frames included; TLS records and HTTP/2 framing below the link are not counted). Process start-up and
@@ -272,7 +272,7 @@ def markdown(res: dict[str, Any]) -> str:
 
 
 def leader_main(args: argparse.Namespace) -> int:
-    from sluice.flower.certs import make_split_certificates
+    from sluice.runtimes.flower.certs import make_split_certificates
 
     sizes = [int(x) for x in args.sizes.split(",")]
     res: dict[str, Any] = {

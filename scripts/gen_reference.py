@@ -5,7 +5,7 @@
   argparse parsers (:func:`sluice.cli.build_parser`);
 * ``docs/reference/config.md``: every configuration key with its type, allowed values, default and
   description, walked from the pydantic models: the job sections of each engine kind
-  (:data:`sluice.jobs.ENGINE_KINDS`), ``[model]`` identity, ``[requirements]``, ``[termination]``, the
+  (:data:`sluice.runtimes.jobs.ENGINE_KINDS`), ``[model]`` identity, ``[requirements]``, ``[termination]``, the
   scenario parameters and the service configuration;
 * the blocks between ``<!-- BEGIN GENERATED: name -->`` and ``<!-- END GENERATED: name -->`` in the
   hand-written pages ``docs/reference/exit-codes.md`` (exit status per cause, from
@@ -595,7 +595,7 @@ def _module_doc(model: type) -> str:
 def render_config() -> str:
     from sluice.control.params import ModelIdentity, Requirements, Termination
     from sluice.data import scenarios
-    from sluice.jobs import ENGINE_KINDS
+    from sluice.runtimes.jobs import ENGINE_KINDS
     from sluice.service.config import ServiceConfig
 
     engines = {name: kind.config_model() for name, kind in ENGINE_KINDS.items()}

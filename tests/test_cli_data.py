@@ -12,8 +12,8 @@ import pytest
 
 from sluice.cli import main
 from sluice.control.inbox import inbox_of, load_arrays, save_arrays
-from sluice.jobs import load_job
 from sluice.runs import RunDir
+from sluice.runtimes.jobs import load_job
 
 CLIENTS = 3
 FEATURES = 64  # digits: 8x8 pixels

@@ -64,8 +64,8 @@ def test_version_imports_nothing_heavy() -> None:
 def test_the_probe_sees_heavy_imports(tmp_path: Path) -> None:
     """The checks above can fail: a command that builds an engine (``data add`` checks a file against a
     run's engine) does import torch, and the probe reports it."""
-    from sluice.jobs import load_job
     from sluice.runs import RunDir
+    from sluice.runtimes.jobs import load_job
 
     with RunDir(tmp_path / "run") as run:
         run.write_config(load_job("hfl", None, ["data.num_clients=2", "model.hidden=[4]"]).dump())
@@ -78,7 +78,7 @@ def test_the_probe_sees_heavy_imports(tmp_path: Path) -> None:
 @pytest.mark.parametrize("kind", ["hfl", "local", "split"])
 def test_reading_a_job_imports_no_engine(kind: str) -> None:
     """Validating a job (what a service does on every request) builds no engine and loads no torch."""
-    code = (f"import json, sys\nfrom sluice.jobs import load_job\njob = load_job({kind!r})\n"
+    code = (f"import json, sys\nfrom sluice.runtimes.jobs import load_job\njob = load_job({kind!r})\n"
             "print(json.dumps([m for m in sys.modules if m.split('.')[0] in " + repr(list(HEAVY)) + "]))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

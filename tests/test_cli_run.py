@@ -81,7 +81,7 @@ def test_budget_before_target_exits_3_with_an_honest_report(tmp_path: Path) -> N
 
 
 def test_status_is_rewritten_every_round(tmp_path: Path, monkeypatch) -> None:
-    from sluice import training
+    from sluice.runtimes import training
 
     out = tmp_path / "st"
     seen: list[dict] = []

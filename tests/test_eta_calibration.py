@@ -17,7 +17,7 @@ from sluice.control.eta_calibration import GAP_BANDS, MIN_PROBABILITY, Signals, 
 from sluice.control.history import job_shape, past_iterations, runs_dir_history, target_of
 from sluice.control.params import ModelIdentity, parse_termination
 from sluice.control.report import _interval
-from sluice.training import eta_text
+from sluice.runtimes.training import eta_text
 
 
 def _draw(rng: np.random.Generator, count: int) -> list[tuple[Signals, float, int]]:
@@ -143,7 +143,7 @@ def test_a_worker_spec_history_teaches_the_process_estimate(tmp_path: Path) -> N
     """The service sends a worker the runs of the job's shape; those that met a target at least as strict
     as the process's become its estimate's history."""
     from sluice.control.history import RunRecord
-    from sluice.remote import _build
+    from sluice.runtimes.remote import _build
 
     def record(iterations: int, threshold: float, shape: str = "S") -> dict:
         return RunRecord(model_id="m", model_type=None, version="1", cause="CRITERION_MET", fired=None,

@@ -11,7 +11,7 @@ from cryptography import x509
 
 from sluice.cli import main
 from sluice.errors import ConfigError
-from sluice.flower.certs import make_certificates
+from sluice.runtimes.flower.certs import make_certificates
 
 
 def test_certificate_is_signed_by_the_ca_and_names_the_hosts(tmp_path) -> None:

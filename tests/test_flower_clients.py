@@ -15,7 +15,7 @@ pytest.importorskip("flwr")
 
 from sluice.control import ProcessHooks, TrainingProcess  # noqa: E402
 from sluice.hfl import HFLEngine  # noqa: E402
-from sluice.jobs import load_job  # noqa: E402
+from sluice.runtimes.jobs import load_job  # noqa: E402
 
 TINY = ["data.num_clients=3", "model.hidden=[16]", "train.local_epochs=1"]
 
@@ -38,8 +38,8 @@ class LocalGrid:
     def push_messages(self, messages: list[Any]) -> list[str]:
         from flwr.app import MessageType
 
-        from sluice.flower import app
-        from sluice.flower import protocol as P
+        from sluice.runtimes.flower import app
+        from sluice.runtimes.flower import protocol as P
 
         ids = []
         for msg in messages:
@@ -76,7 +76,7 @@ def _reports(report: Any) -> list[dict[str, Any]]:
 
 
 def test_flower_gives_the_simulators_per_client_reports(task_identity: None) -> None:
-    from sluice.flower.engine import FlowerEngine
+    from sluice.runtimes.flower.engine import FlowerEngine
 
     job = load_job("hfl", None, [*TINY, "train.participation=0.67", "train.dropout=0.3", "seed=5"])
     grid = LocalGrid(json.dumps(job.dump()), 3)
@@ -97,7 +97,7 @@ def test_flower_gives_the_simulators_per_client_reports(task_identity: None) -> 
 
 
 def test_a_node_that_does_not_answer_drops_out_and_rejoins(task_identity: None) -> None:
-    from sluice.flower.engine import FlowerEngine
+    from sluice.runtimes.flower.engine import FlowerEngine
 
     job = load_job("hfl", None, [*TINY, "train.participation=1.0"])
     grid = LocalGrid(json.dumps(job.dump()), 3, silent={(2, 1)})
@@ -117,7 +117,7 @@ def test_a_node_that_does_not_answer_drops_out_and_rejoins(task_identity: None) 
 def test_a_restored_engine_goes_on_from_the_checkpoint_with_every_node_resynchronised(task_identity: None) -> None:
     """A checkpoint restored in a later Flower run (new nodes, empty contexts): the server goes on where it was,
     samples as the uninterrupted run does, and sends every terminal a dense resynchronisation first."""
-    from sluice.flower.engine import FlowerEngine
+    from sluice.runtimes.flower.engine import FlowerEngine
 
     job = load_job("hfl", None, [*TINY, "train.participation=0.67", "seed=2"])
     doc = json.dumps(job.dump())
@@ -143,7 +143,7 @@ def test_a_restored_engine_goes_on_from_the_checkpoint_with_every_node_resynchro
 def test_data_for_a_flower_run_is_refused_with_the_reason() -> None:
     """The data loop cannot feed a federation: the nodes hold the data (the service answers the upload with this)."""
     from sluice.errors import DataError
-    from sluice.flower.engine import FlowerEngine
+    from sluice.runtimes.flower.engine import FlowerEngine
 
     engine = FlowerEngine(load_job("hfl", None, TINY).config, grid=None)
     for call in (engine.check_data, engine.add_data):

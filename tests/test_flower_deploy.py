@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sluice.flower.deploy import LocalDeployment, submit
-from sluice.jobs import load_job
+from sluice.runtimes.flower.deploy import LocalDeployment, submit
+from sluice.runtimes.jobs import load_job
 
 pytestmark = [pytest.mark.flower, pytest.mark.slow, pytest.mark.timeout(480)]
 

@@ -24,7 +24,7 @@ import pytest
 from rich.console import Console
 
 from sluice.cli import main
-from sluice.flower.certs import make_certificates
+from sluice.runtimes.flower.certs import make_certificates
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "how-to" / "flower-hosts.md"
@@ -86,7 +86,7 @@ def test_a_superlink_certificate_names_loopback_beside_its_hosts(tmp_path: Path)
 
 
 def _stopped(home: Path, run_id: int) -> str:
-    from sluice.flower.deploy import run_status
+    from sluice.runtimes.flower.deploy import run_status
 
     return str(run_status(home, run_id).get("status", ""))
 
@@ -98,9 +98,9 @@ def test_a_run_the_superlink_never_starts_ends_with_engine_failure(tmp_path: Pat
     """A SuperLink whose certificate does not name 127.0.0.1 accepts runs and never starts them (its executor
     cannot connect). Submitted from elsewhere, or followed on the SuperLink's host, the run ends after the start
     timeout with ``ENGINE_FAILURE``, the SuperLink's reason and the run stopped; nothing waits for ever."""
-    from sluice.flower import deploy
-    from sluice.flower.runner import FlowerOptions, follow, run_on_flower
-    from sluice.jobs import load_job
+    from sluice.runtimes.flower import deploy
+    from sluice.runtimes.flower.runner import FlowerOptions, follow, run_on_flower
+    from sluice.runtimes.jobs import load_job
 
     monkeypatch.setattr(deploy, "make_certificates",
                         lambda out, hosts, **kw: make_certificates(out, ["localhost"], **kw))
@@ -158,7 +158,7 @@ def _wait_for(what: str, done, proc: subprocess.Popen, log: Path, timeout: float
 def test_real_hosts_recipe_runs_as_written(tmp_path: Path) -> None:
     if os.geteuid() != 0 or shutil.which("ip") is None:
         pytest.skip("network namespaces need root and ip (iproute2)")
-    from sluice.flower.deploy import _kill_tree
+    from sluice.runtimes.flower.deploy import _kill_tree
     from sluice.transport.netns import NetnsPair, netns_available
 
     ok, why = netns_available()

@@ -10,7 +10,7 @@ from multiprocessing import Pipe
 
 import pytest
 
-from sluice.flower.relay import FederationConfig, _serve, unreachable
+from sluice.runtimes.flower.relay import FederationConfig, _serve, unreachable
 
 
 def _closed_port() -> int:
@@ -78,10 +78,10 @@ def test_data_amount_requirements_are_refused_on_flower_before_anything_starts(t
     from rich.console import Console
 
     from sluice.control.params import Requirements
-    from sluice.flower.deploy import DeploymentError
-    from sluice.flower.engine import node_data_refusal
-    from sluice.flower.runner import FlowerOptions, run_on_flower
-    from sluice.jobs import load_job
+    from sluice.runtimes.flower.deploy import DeploymentError
+    from sluice.runtimes.flower.engine import node_data_refusal
+    from sluice.runtimes.flower.runner import FlowerOptions, run_on_flower
+    from sluice.runtimes.jobs import load_job
 
     assert node_data_refusal(None) is None and node_data_refusal({"performance": {"test_accuracy": 0.9}}) is None
     assert node_data_refusal({"max_data_amount": 10}).startswith("requirements.max_data_amount: on a Flower")

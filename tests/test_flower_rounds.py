@@ -1,8 +1,8 @@
 """An empty round is not progress: a round of the Flower engine in which no node answered is not an iteration, is
 sent again to the terminals it drew, and a few of them in a row end the run with ``ENGINE_FAILURE`` naming each node
-and its last error or the round's timeout (:mod:`sluice.flower.rounds`). The ServerApp's :class:`FlowerEngine` and
-the ClientApp's handlers run in this process over the grid of tests/test_flower_clients.py, here with nodes that stay
-silent or fail for a number of sendings. The same engine runs the service's federation jobs, whose configuration
+and its last error or the round's timeout (:mod:`sluice.runtimes.flower.rounds`). The ServerApp's :class:`FlowerEngine`
+and the ClientApp's handlers run in this process over the grid of tests/test_flower_clients.py, here with nodes that
+stay silent or fail for a number of sendings. The same engine runs the service's federation jobs, whose configuration
 carries the limit to the ServerApp."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ pytest.importorskip("flwr")
 
 from sluice.control import ProcessHooks, TrainingProcess  # noqa: E402
 from sluice.hfl import HFLEngine  # noqa: E402
-from sluice.jobs import load_job  # noqa: E402
+from sluice.runtimes.jobs import load_job  # noqa: E402
 from test_flower_clients import TINY, LocalGrid, task_identity  # noqa: E402, F401
 
 pytestmark = pytest.mark.usefixtures("task_identity")  # a Flower message is made only within a run
@@ -54,7 +54,7 @@ class MutedGrid(LocalGrid):
 
 
 def _engine(job: Any, grid: LocalGrid, timeout_s: float = 0.3, **kw: Any) -> Any:
-    from sluice.flower.engine import FlowerEngine
+    from sluice.runtimes.flower.engine import FlowerEngine
 
     return FlowerEngine(job.config, grid, round_timeout_s=timeout_s, poll_s=0.0, **kw)
 
@@ -124,7 +124,7 @@ def test_terminals_without_a_node_drop_out_without_emptying_the_round() -> None:
 def test_the_first_round_waits_for_the_start_up_the_nodes_measured(monkeypatch) -> None:
     """The hello reply carries the ClientApp's start-up; the first sending of the first round waits that much
     longer, up to half the round timeout, the later ones the timeout."""
-    from sluice.flower import app
+    from sluice.runtimes.flower import app
 
     monkeypatch.setattr(app, "_startup_seconds", lambda: 4.0)
     job = load_job("hfl", None, [*TINY, "train.participation=1.0"])
@@ -140,11 +140,11 @@ def test_the_first_round_waits_for_the_start_up_the_nodes_measured(monkeypatch) 
 
 def test_the_limit_reaches_the_serverapp_from_sluice_run_and_from_a_federation() -> None:
     from sluice.errors import ConfigError
-    from sluice.flower import app
-    from sluice.flower import protocol as P
-    from sluice.flower.engine import FlowerEngine
-    from sluice.flower.relay import FederationConfig
-    from sluice.flower.runner import FlowerOptions
+    from sluice.runtimes.flower import app
+    from sluice.runtimes.flower import protocol as P
+    from sluice.runtimes.flower.engine import FlowerEngine
+    from sluice.runtimes.flower.relay import FederationConfig
+    from sluice.runtimes.flower.runner import FlowerOptions
 
     fed = FederationConfig(superlink="127.0.0.1:9092", insecure=True)
     assert fed.run_config()["empty-rounds"] == P.RUN_CONFIG_DEFAULTS["empty-rounds"] == 3
@@ -161,15 +161,15 @@ def test_the_limit_reaches_the_serverapp_from_sluice_run_and_from_a_federation()
 
 def test_a_federation_job_whose_nodes_never_answer_fails_with_the_cause(tmp_path) -> None:
     """The service's federation jobs: the ServerApp builds the engine from the federation's run configuration and
-    trains under the service's worker protocol (:func:`sluice.remote.run_steered`); the process ends
+    trains under the service's worker protocol (:func:`sluice.runtimes.remote.run_steered`); the process ends
     ENGINE_FAILURE after ``empty_rounds`` empty rounds, the cause in its report."""
     import multiprocessing
     import threading
 
-    from sluice.flower import app
-    from sluice.flower import protocol as P
-    from sluice.flower.relay import FederationConfig
-    from sluice.remote import run_steered
+    from sluice.runtimes.flower import app
+    from sluice.runtimes.flower import protocol as P
+    from sluice.runtimes.flower.relay import FederationConfig
+    from sluice.runtimes.remote import run_steered
 
     job = load_job("hfl", None, [*TINY, "train.participation=1.0"])
     fed = FederationConfig(superlink="127.0.0.1:9092", insecure=True, nodes=3, round_timeout_s=0.3, empty_rounds=2)
@@ -196,7 +196,7 @@ def test_a_run_whose_nodes_never_answer_the_hello_ends_with_a_report(tmp_path) -
     with it) instead of only an error file."""
     from flwr.app import Context, RecordDict
 
-    from sluice.flower import app
+    from sluice.runtimes.flower import app
 
     job = load_job("hfl", None, TINY)
     doc = json.dumps(job.dump())

@@ -63,7 +63,7 @@ def test_sluice_run_on_flower_stops_when_a_criterion_fires(tmp_path: Path) -> No
 def test_a_status_read_that_fails_keeps_the_status_read_before(monkeypatch, tmp_path: Path) -> None:
     """Waiting for a run to start, a ``flwr ls`` that fails (slower than its timeout on a busy machine) leaves the
     status read before it: the run is reported "pending", not "unknown"."""
-    from sluice.flower import runner
+    from sluice.runtimes.flower import runner
 
     reads = iter([{"status": "pending"}])
     monkeypatch.setattr(runner, "run_status", lambda *args, **kw: next(reads, {}))

@@ -1,6 +1,6 @@
 """``sluice run --runtime flower`` for a newcomer: each local node takes its own settings (``--node-arg``), a missing
 Flower executable is named in the error, and nodes that never answer end the run with ``ENGINE_FAILURE`` (exit 9)
-within ``--empty-rounds`` + 1 round timeouts, the cause naming them (:mod:`sluice.flower.rounds`).
+within ``--empty-rounds`` + 1 round timeouts, the cause naming them (:mod:`sluice.runtimes.flower.rounds`).
 
 The last two start real SuperLink and SuperNode processes on 127.0.0.1 (marked ``flower``); every process they
 start is stopped, and the end-to-end run checks that none is left behind."""
@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from sluice.flower import deploy
-from sluice.flower.deploy import DeploymentError, LocalDeployment
-from sluice.flower.runner import FlowerOptions, node_args, run_on_flower
-from sluice.jobs import load_job
+from sluice.runtimes.flower import deploy
+from sluice.runtimes.flower.deploy import DeploymentError, LocalDeployment
+from sluice.runtimes.flower.runner import FlowerOptions, node_args, run_on_flower
+from sluice.runtimes.jobs import load_job
 from test_flower_run import _flower_processes_of
 
 TINY = ["data.num_clients=2", "train.participation=1.0", "model.hidden=[16]", "train.local_epochs=1"]
@@ -75,7 +75,7 @@ def test_a_run_on_a_superlink_elsewhere_exits_with_its_reports_status(tmp_path: 
     """The report of a run submitted to a SuperLink elsewhere stays on that host; ``sluice run`` exits with the
     status the ServerApp prints at the end of the run's log (9 for nodes that never answered), not 0 because Flower
     saw its ServerApp return."""
-    from sluice.flower import runner
+    from sluice.runtimes.flower import runner
 
     flwr = tmp_path / "flwr"
     flwr.write_text("#!/bin/sh\necho 'round 1: no node answered'\necho 'sluice: training finished, exit status 9'\n")

@@ -16,9 +16,9 @@ import psutil
 import pytest
 import torch
 
-from sluice.flower.failure import records_of
 from sluice.hfl import HFLEngine
-from sluice.jobs import load_job
+from sluice.runtimes.flower.failure import records_of
+from sluice.runtimes.jobs import load_job
 from test_flower_run import _flower_processes_of
 
 pytest.importorskip("ray", reason="Flower's Simulation Engine needs sluice[flower] (flwr[simulation])")
@@ -77,7 +77,7 @@ def test_simulation_engine_gives_the_simulators_numbers(tmp_path: Path) -> None:
 def test_simulation_options(monkeypatch, tmp_path: Path) -> None:
     from rich.console import Console
 
-    from sluice.flower.runner import DeploymentError, FlowerOptions, run_on_flower
+    from sluice.runtimes.flower.runner import DeploymentError, FlowerOptions, run_on_flower
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     opts = FlowerOptions(simulation=True, ray_cpus=2)

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sluice.flower.deploy import LocalDeployment
 from sluice.hfl import HFLEngine
-from sluice.jobs import load_job
+from sluice.runtimes.flower.deploy import LocalDeployment
+from sluice.runtimes.jobs import load_job
 from test_flower_deploy import _submit, _wait_report, _wait_rows
 
 pytestmark = [pytest.mark.flower, pytest.mark.slow, pytest.mark.timeout(480)]

@@ -6,9 +6,10 @@ The layers, top to bottom (a module may import its own layer and those below it,
 
     entry points          sluice (the public API's lazy exports), sluice.__main__, cli/, service/, dashboard/
                           (the browser pages of the service and of run directories)
-    runtimes and jobs     flower/, jobs.py (the one place a job is assembled), training.py (one job trained
-                          into a run directory), api.py (run_task), plots.py, roles/ (the producer and consumer
-                          roles in memory, and the 3GPP rendering)
+    runtimes and jobs     runtimes/ (jobs.py: the one place a job is assembled; training.py: one job trained into
+                          a run directory; remote.py: one steered over a connection; api.py: run_task; plots.py;
+                          flower/: Flower's deployment and simulation engines), roles/ (the producer and
+                          consumer roles in memory, and the 3GPP rendering)
     control               control/, runs.py (run directories: config, metrics lines, summaries),
                           tensorboard.py (metrics lines as TensorBoard events)
     engines               hfl/, split/, local/, engine.py (the protocol control drives every engine through)
@@ -40,8 +41,7 @@ PACKAGE = SRC / "sluice"
 
 LAYERS: dict[str, tuple[str, ...]] = {
     "entry points": ("sluice", "sluice.__main__", "sluice.cli", "sluice.service", "sluice.dashboard"),
-    "runtimes and jobs": ("sluice.flower", "sluice.jobs", "sluice.training", "sluice.remote", "sluice.api",
-                          "sluice.plots", "sluice.roles"),
+    "runtimes and jobs": ("sluice.runtimes", "sluice.roles"),
     "control": ("sluice.control", "sluice.runs", "sluice.tensorboard"),
     "engines": ("sluice.hfl", "sluice.split", "sluice.local", "sluice.engine"),
     "bytes, codecs and links": ("sluice.wire", "sluice.compress", "sluice.transport", "sluice.psi"),

@@ -16,8 +16,8 @@ import pytest
 from sluice.control.monitor import effective_error_metric
 from sluice.data.scenarios import get_spec, load_scenario
 from sluice.data.scenarios.base import ScenarioData
-from sluice.jobs import load_job
 from sluice.metrics import KNOWN, MetricSpec
+from sluice.runtimes.jobs import load_job
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 CASES = {  # scenario: (engine kind, example)

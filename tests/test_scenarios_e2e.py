@@ -15,7 +15,7 @@ from sluice.cli import main
 from sluice.control.monitor import check_criteria
 from sluice.control.params import parse_termination
 from sluice.errors import ConfigError, DataError, TaskError
-from sluice.jobs import job_from_dict
+from sluice.runtimes.jobs import job_from_dict
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 SMALL = {  # sizes that generate in well under a second

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sluice.flower.deploy import LocalDeployment
-from sluice.jobs import load_job
+from sluice.runtimes.flower.deploy import LocalDeployment
+from sluice.runtimes.jobs import load_job
 from test_service_support import (
     Server,
     checked,

@@ -102,7 +102,7 @@ def test_the_worker_refuses_parameters_its_engine_cannot_honour(tmp_path):
     refuses before training, with the refusal's reason, not as an engine failure."""
     import multiprocessing
 
-    from sluice.remote import run_steered as worker_main
+    from sluice.runtimes.remote import run_steered as worker_main
 
     spec = {"process": "P", "kind": "local", "raw": {**{k: v for k, v in local_job().items() if k != "engine"}},
             "termination": {"iterations": 2, "performance": {"test_rmse": 0.1}}, "requirements": None,

@@ -64,7 +64,7 @@ def stored(url: str, sql: str, **params: Any) -> list[Any]:
 def uninterrupted() -> dict[str, float]:
     """The final metrics of the same job trained in one go, in this process."""
     from sluice.control import TrainingProcess
-    from sluice.jobs import job_from_dict
+    from sluice.runtimes.jobs import job_from_dict
 
     job = job_from_dict("local", {k: v for k, v in JOB.items() if k != "engine"})
     engine = job.build()

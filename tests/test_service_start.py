@@ -28,7 +28,7 @@ for name in PRELOAD:
 before = set(sys.modules)
 from sluice.control import ProcessOptions, ResourceSampler, TrainingProcess
 from sluice.control.params import parse_termination
-from sluice.jobs import job_from_dict
+from sluice.runtimes.jobs import job_from_dict
 from sluice.service.capabilities import probe_main
 for kind in ("local", "hfl"):
     job = job_from_dict(kind, {})

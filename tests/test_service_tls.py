@@ -13,7 +13,7 @@ import pytest
 
 from sluice.cli import main
 from sluice.errors import SluiceError
-from sluice.flower.certs import CertFiles, make_certificates, make_client_certificate
+from sluice.runtimes.flower.certs import CertFiles, make_certificates, make_client_certificate
 from sluice.service.auth import AuthConfig
 from sluice.service.client import ProvMnSClient, tls_context
 from sluice.service.config import ServiceConfig, TLSConfig

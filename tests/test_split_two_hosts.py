@@ -180,7 +180,7 @@ def test_split_certificate_mistakes_are_clear_errors(tmp_path: Path, argv: list[
 
 
 def test_split_certificates_need_a_follower(tmp_path: Path) -> None:
-    from sluice.flower.certs import make_split_certificates
+    from sluice.runtimes.flower.certs import make_split_certificates
 
     with pytest.raises(ConfigError):
         make_split_certificates(tmp_path / "x", {})

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 from sluice._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from sluice.api import run_task
     from sluice.errors import ConfigError, DataError, SluiceError, TaskError
     from sluice.metrics import MetricSpec
+    from sluice.runtimes.api import run_task
     from sluice.tasks.split import SplitTask
     from sluice.tasks.table import Table, read_table
     from sluice.tasks.task import Partition, Task
@@ -28,7 +28,7 @@ __version__ = "0.1.0"
 __all__ = ["ConfigError", "DataError", "MetricSpec", "Partition", "SluiceError", "SplitTask", "Table", "Task",
            "TaskError", "__version__", "read_table", "run_task"]
 
-__getattr__ = lazy_exports(__name__, {"Partition": "tasks.task", "Task": "tasks.task", "run_task": "api",
+__getattr__ = lazy_exports(__name__, {"Partition": "tasks.task", "Task": "tasks.task", "run_task": "runtimes.api",
                                       "SplitTask": "tasks.split", "Table": "tasks.table", "read_table": "tasks.table",
                                       "MetricSpec": "metrics", "SluiceError": "errors", "ConfigError": "errors",
                                       "DataError": "errors", "TaskError": "errors"})

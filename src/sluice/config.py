@@ -1,7 +1,7 @@
 """Configuration loader: TOML files validated by pydantic models, with ``--set key=value`` overrides.
 
 The sections themselves live with what they configure (``sluice.hfl.config``, ``sluice.split.config``,
-``sluice.local.config``; jobs in ``sluice.jobs``). An invalid value raises :class:`ConfigError` naming
+``sluice.local.config``; jobs in ``sluice.runtimes.jobs``). An invalid value raises :class:`ConfigError` naming
 the field and what is allowed.
 """
 

@@ -78,7 +78,7 @@ that name the executor cannot connect, and no run ever starts."""
 def _main(args: argparse.Namespace) -> int:
     if args.followers or args.leader:
         return _split(args)
-    from sluice.flower.certs import make_certificates, make_client_certificate
+    from sluice.runtimes.flower.certs import make_certificates, make_client_certificate
 
     hosts = list(dict.fromkeys([h.strip() for h in args.hosts] + list(LOOPBACK)))
     files = make_certificates(args.dir, hosts, days=args.days, overwrite=args.force)
@@ -92,7 +92,7 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def _split(args: argparse.Namespace) -> int:
-    from sluice.flower.certs import make_split_certificates
+    from sluice.runtimes.flower.certs import make_split_certificates
 
     if not args.followers:
         raise ConfigError("--leader is for split training: also give --follower [NAME=]ADDR for each follower")

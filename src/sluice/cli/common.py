@@ -1,5 +1,5 @@
 """What every training command shares: its arguments. Training one job under the control plane into a run
-directory is :func:`sluice.training.run_job`, which the Flower ServerApp and :func:`sluice.run_task` use too.
+directory is :func:`sluice.runtimes.training.run_job`, which the Flower ServerApp and :func:`sluice.run_task` use too.
 """
 
 from __future__ import annotations

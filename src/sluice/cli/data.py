@@ -18,7 +18,7 @@ _ENDED = ("FINISHED", "FAILED", "CANCELLED")
 def _engine_data(kind: str, data: dict[str, Any]) -> Any:
     """What a run of engine ``kind`` hands its engine for an inbox file (the run's inbox adapter)."""
     if kind == "hfl":
-        from sluice.training import inbox_item
+        from sluice.runtimes.training import inbox_item
 
         return inbox_item(data)
     if "client" in data:
@@ -31,7 +31,7 @@ def _check_for_run(run_dir: Path, data: dict[str, Any]) -> None:
     cannot take it: the run's job is rebuilt from its ``config.toml`` (the dataset is loaded, nothing is
     trained) and its engine's ``check_data`` judges feature count, label range and client id."""
     from sluice.config import read_toml
-    from sluice.jobs import job_from_dict
+    from sluice.runtimes.jobs import job_from_dict
 
     path = run_dir / "config.toml"
     if not path.is_file():

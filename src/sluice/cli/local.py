@@ -10,8 +10,8 @@ from sluice.cli.common import add_config_arguments
 
 
 def _local(args: argparse.Namespace) -> int:
-    from sluice.jobs import load_job
-    from sluice.training import train_local
+    from sluice.runtimes.jobs import load_job
+    from sluice.runtimes.training import train_local
 
     return train_local(load_job("local", args.config, args.overrides), args.out, Console())
 

@@ -14,7 +14,7 @@ from sluice.errors import DataError
 def _report(args: argparse.Namespace) -> int:
     from sluice.control import TrainingReport
     from sluice.roles import threegpp
-    from sluice.training import client_table, report_table
+    from sluice.runtimes.training import client_table, report_table
 
     path = Path(args.run_dir) / "report.json"
     if not Path(args.run_dir).is_dir():

@@ -7,8 +7,8 @@ import argparse
 from rich.console import Console
 
 from sluice.cli.common import add_config_arguments
-from sluice.flower.rounds import DEFAULT_EMPTY_ROUNDS
-from sluice.training import train_hfl
+from sluice.runtimes.flower.rounds import DEFAULT_EMPTY_ROUNDS
+from sluice.runtimes.training import train_hfl
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -53,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from sluice.jobs import load_job
+    from sluice.runtimes.jobs import load_job
 
     flower_only = [name for name, value in (("--nodes", args.nodes), ("--superlink", args.superlink),
                                             ("--root-certificates", args.root_certificates),
@@ -69,7 +69,7 @@ def _main(args: argparse.Namespace) -> int:
         raise ConfigError(f"{', '.join(flower_only)} only apply with --runtime flower or flower-sim")
     job = load_job("hfl", args.config, args.overrides)
     if args.runtime in ("flower", "flower-sim"):
-        from sluice.flower.runner import FlowerOptions, run_on_flower
+        from sluice.runtimes.flower.runner import FlowerOptions, run_on_flower
 
         opts = FlowerOptions(nodes=args.nodes, insecure=args.insecure, superlink=args.superlink,
                              root_certificates=args.root_certificates, round_timeout_s=args.round_timeout,

@@ -24,7 +24,7 @@ from rich.console import Console
 from sluice.cli.common import add_config_arguments
 from sluice.errors import ConfigError
 from sluice.runs import new_run_path
-from sluice.training import mb, run_job
+from sluice.runtimes.training import mb, run_job
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -67,7 +67,7 @@ def summarize(history: Any, engine: Any, wall: float) -> dict[str, Any]:
 def plot(records: list[dict[str, Any]], run_dir: Path, names: list[str] | None = None) -> None:
     """``loss.png`` and, on a scenario, its type-specific errors (``names``) against the step and the
     megabytes sent."""
-    from sluice.plots import plot_metrics
+    from sluice.runtimes.plots import plot_metrics
     from sluice.split.plots import plot_loss
 
     plot_loss(records, run_dir)
@@ -82,7 +82,7 @@ def _run_dir(out: str | None) -> Path:
 
 def _lead(args: argparse.Namespace, command: str, connect: list[str] | None) -> int:
     """``split run`` and ``split party --role leader``: the leader trains under the control plane."""
-    from sluice.jobs import load_job
+    from sluice.runtimes.jobs import load_job
     from sluice.split import SplitEngine
 
     job = load_job("split", args.config, args.overrides)
@@ -122,7 +122,7 @@ def _party(args: argparse.Namespace) -> int:
         return _lead(args, "party", args.connect)
     if args.connect:
         raise ConfigError("--connect is for --role leader; a follower uses --listen")
-    from sluice.jobs import load_job
+    from sluice.runtimes.jobs import load_job
     from sluice.split.runner import serve_follower
 
     cfg = load_job("split", args.config, args.overrides).config

@@ -5,9 +5,9 @@ model has in common.
 ``choice`` of ``m = max(1, round(q·n))`` of the ``n`` clients, sorted, then ``m`` uniform draws, a client failing
 mid-round when its draw is below ``train.dropout``), exchanges messages with them (:meth:`ServerModel._exchange`:
 the one part each runtime does its own way — in process one by one or trained together, :mod:`sluice.hfl.engine`;
-over Flower's grid on a deployment or on the Simulation Engine, :mod:`sluice.flower.engine`), closes the round on
-the server, delivers the anchor broadcast when the server made one (:meth:`ServerModel._broadcast`, counted once
-per client), and returns the round's event: ``participants``, ``dropped`` and the exchange's own metrics, the
+over Flower's grid on a deployment or on the Simulation Engine, :mod:`sluice.runtimes.flower.engine`), closes the
+round on the server, delivers the anchor broadcast when the server made one (:meth:`ServerModel._broadcast`, counted
+once per client), and returns the round's event: ``participants``, ``dropped`` and the exchange's own metrics, the
 uploads' weighted train loss and, every ``train.eval_every`` rounds, the server model's test metrics.
 """
 

@@ -5,13 +5,13 @@ processes, reports, models, subscriptions — and every notification still to de
 (:mod:`sluice.service.db`, SQLAlchemy + Alembic). Each training process runs in its own worker process
 (:mod:`sluice.service.worker`) through the same :class:`sluice.control.TrainingProcess` that ``sluice run``
 uses. :mod:`sluice.service.client` is the consumer side (httpx). Importing this package adds the ``chain``
-engine kind (:mod:`sluice.service.chain`) to the kinds a job may name (:data:`sluice.jobs.ENGINE_KINDS`).
+engine kind (:mod:`sluice.service.chain`) to the kinds a job may name (:data:`sluice.runtimes.jobs.ENGINE_KINDS`).
 
 Nothing here is imported when the CLI builds its parser: FastAPI, SQLAlchemy and torch are loaded by the
 commands that need them.
 """
 
-from sluice.jobs import EngineKind, register_engine_kind
+from sluice.runtimes.jobs import EngineKind, register_engine_kind
 
 register_engine_kind(EngineKind("chain", "sluice.service.chain:ChainConfig", "sluice.service.chain:engine_from_config",
                                 lambda c: "chain-" + "-".join(c.producers)))

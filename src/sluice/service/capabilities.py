@@ -79,7 +79,7 @@ class Capabilities:
 def probe_main(kind: str, raw: dict[str, Any], conn: Any) -> None:
     """In a child process: build the engine of job ``raw`` (never started) and send what it reports."""
     try:
-        from sluice.jobs import job_from_dict
+        from sluice.runtimes.jobs import job_from_dict
 
         engine = job_from_dict(kind, raw).build()
         specs = dict(engine.metrics)  # an engine that loads its task lazily loads it here

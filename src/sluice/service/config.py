@@ -28,7 +28,7 @@ consumer run any code on the producer; the service refuses it (400). Workers imp
 so its package must be importable by ``sluice serve`` (installed, or on ``PYTHONPATH``).
 
 Federations: an HFL job with ``federation = "<name>"`` (or ``"default"``: the service's
-``default_federation``) trains on that Flower deployment (:mod:`sluice.flower.relay`); a consumer never gives
+``default_federation``) trains on that Flower deployment (:mod:`sluice.runtimes.flower.relay`); a consumer never gives
 an address. Jobs without one train in the worker's simulator.
 
 Exposure: on a loopback address (``127.0.0.1``, ``::1``, ``localhost``) anything goes. On any other address
@@ -47,7 +47,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from sluice.control.policy import ProducerPolicy
-from sluice.flower.relay import FederationConfig
+from sluice.runtimes.flower.relay import FederationConfig
 from sluice.schema import Section
 from sluice.service.auth import AuthConfig
 from sluice.service.chain import ProducerEndpoint

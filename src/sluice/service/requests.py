@@ -53,7 +53,7 @@ class Requests:
     def _job_from(self, attrs: dict[str, Any], vs: dict[str, Any], rid: str) -> StoredJob:
         """The job a request asks for, validated without building an engine: ``kind``, ``raw`` (engine
         configuration + model identity), ``model``, ``requirements``, ``termination``, ``decided_by``."""
-        from sluice.jobs import ENGINE_KINDS
+        from sluice.runtimes.jobs import ENGINE_KINDS
 
         asked = request_vs(attrs, vs)
         job = dict(asked.job)
@@ -106,7 +106,7 @@ class Requests:
     def _parse_job(self, kind: str, doc: dict[str, Any]) -> Any:
         """``doc`` validated as this producer trains it: the task it names is a built-in or a registered one
         (never an import path; :mod:`sluice.service.tasks`), with arguments that fit its function."""
-        from sluice.jobs import ENGINE_KINDS, job_from_dict
+        from sluice.runtimes.jobs import ENGINE_KINDS, job_from_dict
         from sluice.tasks.config import TaskConfig
 
         section = doc.get("task")

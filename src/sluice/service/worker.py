@@ -1,9 +1,9 @@
 """Training processes in worker processes, and the supervisor that queues, starts and listens to them.
 
 Each training process runs in its own OS process (never in the web server's threads): :func:`worker_main`
-runs it with :func:`sluice.remote.run_steered` (the worker protocol: messages both ways over one
+runs it with :func:`sluice.runtimes.remote.run_steered` (the worker protocol: messages both ways over one
 :class:`multiprocessing.connection.Connection`), or, for a job on one of the service's Flower federations,
-relays that protocol to the Flower run that trains it (:mod:`sluice.flower.relay`).
+relays that protocol to the Flower run that trains it (:mod:`sluice.runtimes.flower.relay`).
 
 :class:`Supervisor` starts at most ``max_concurrent`` workers; which queued process runs next is the
 service's choice (``pick_next``: highest ``priority`` first). Workers start from a forkserver that has
@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from sluice.remote import run_steered
+from sluice.runtimes.remote import run_steered
 
 PRELOAD = ["torch", "numpy", "sklearn.datasets", "sklearn.model_selection", "sluice.data", "sluice.models",
-           "sluice.control", "sluice.jobs", "sluice.local", "sluice.local.trainer", "sluice.hfl",
-           "sluice.remote", "sluice.service.worker",
+           "sluice.control", "sluice.runtimes.jobs", "sluice.local", "sluice.local.trainer", "sluice.hfl",
+           "sluice.runtimes.remote", "sluice.service.worker",
            # what a worker imports later, on its way to the first iteration: torch's optimizers import
            # torch._dynamo when the first one is built (about 1 s of CPU in every worker otherwise); the
            # tasks, datasets and engines a default job builds; the probe of what an engine reports
@@ -47,7 +47,7 @@ def warm_forkserver() -> None:
 def worker_main(spec: dict[str, Any], conn: Connection) -> None:
     """Run the training process of ``spec`` in this worker, or on its Flower federation when it names one."""
     if spec.get("federation") is not None:
-        from sluice.flower.relay import relay
+        from sluice.runtimes.flower.relay import relay
 
         relay(spec, conn)
     else:

@@ -1,12 +1,12 @@
 """The Flower App: ``server_app`` runs the Sluice job under the control plane, ``client_app`` is one terminal.
 
-The ServerApp's main loop is :func:`sluice.training.run_job` over a :class:`FlowerEngine`: the same
+The ServerApp's main loop is :func:`sluice.runtimes.training.run_job` over a :class:`FlowerEngine`: the same
 ``[termination]``, ``[requirements]``, ``report.json``, ``status.json``, ``metrics.jsonl`` and plots as
 ``sluice run``, written into the run configuration's ``out-dir`` on the SuperLink's host. A criterion that
 fires returns from ``main``, which ends the Flower run at that round. A run configuration with
 ``sluice-control`` (``HOST:PORT``, and ``sluice-key``, the hex of the connection's authentication key) is a
 run of the management service instead: the ServerApp connects there, receives the worker spec and trains
-under :func:`sluice.remote.run_steered`, steered by the service's worker (:mod:`sluice.flower.relay`).
+under :func:`sluice.runtimes.remote.run_steered`, steered by the service's worker (:mod:`sluice.runtimes.flower.relay`).
 
 The ClientApp runs :class:`sluice.hfl.Client` unchanged: the terminal is the node's ``partition-id``. The
 node builds the job's task where it runs, with ``[task.args]`` updated by its own node configuration's
@@ -32,7 +32,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from sluice.flower import protocol as P
+from sluice.runtimes.flower import protocol as P
 
 server_app = ServerApp()
 client_app = ClientApp()
@@ -45,9 +45,9 @@ def main(grid: Grid, context: Context) -> None:
     from rich.console import Console
 
     from sluice.errors import SluiceError, TrainingError
-    from sluice.jobs import job_from_dict
-    from sluice.plots import plot_accuracy
-    from sluice.training import run_job, summarize_hfl
+    from sluice.runtimes.jobs import job_from_dict
+    from sluice.runtimes.plots import plot_accuracy
+    from sluice.runtimes.training import run_job, summarize_hfl
 
     rc = {**P.RUN_CONFIG_DEFAULTS, **dict(context.run_config)}
     if str(rc["sluice-control"]):
@@ -66,7 +66,7 @@ def main(grid: Grid, context: Context) -> None:
         except TrainingError as exc:  # the engine could not start: no node answered, or the SuperLink went away
             if out is None:
                 raise
-            from sluice.flower.failure import failure_report
+            from sluice.runtimes.flower.failure import failure_report
 
             failure_report(job, Path(out), f"the engine could not start: {exc}")
             code = 9  # ENGINE_FAILURE, the report's exit status
@@ -88,7 +88,7 @@ def main(grid: Grid, context: Context) -> None:
 
 
 def _engine(job: Any, grid: Grid, rc: dict[str, Any]) -> Any:
-    from sluice.flower.engine import FlowerEngine
+    from sluice.runtimes.flower.engine import FlowerEngine
 
     return FlowerEngine(job.config, grid, round_timeout_s=float(rc["round-timeout"]),
                         link_timeout_s=float(rc["link-timeout"]), node_wait_s=float(rc["node-wait"]),
@@ -100,8 +100,8 @@ def _steered(grid: Grid, rc: dict[str, Any]) -> None:
     """Train the job the service's worker at ``sluice-control`` sends, steered by it."""
     from multiprocessing.connection import Client
 
-    from sluice.jobs import job_from_dict
-    from sluice.remote import run_steered
+    from sluice.runtimes.jobs import job_from_dict
+    from sluice.runtimes.remote import run_steered
 
     host, _, port = str(rc["sluice-control"]).rpartition(":")
     conn = Client((host.strip("[]"), int(port)), authkey=bytes.fromhex(str(rc["sluice-key"])))
@@ -119,7 +119,7 @@ def _config(job_json: str) -> Any:
     """The job's HFL configuration."""
     import torch
 
-    from sluice.jobs import job_from_dict
+    from sluice.runtimes.jobs import job_from_dict
 
     torch.set_num_threads(1)  # as the simulator: the same arithmetic, the same bits
     return job_from_dict("hfl", json.loads(job_json)).config

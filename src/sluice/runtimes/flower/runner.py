@@ -32,7 +32,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from sluice.flower.deploy import (
+from sluice.runs import new_run_path
+from sluice.runtimes.flower.deploy import (
     DeploymentError,
     LocalDeployment,
     _bin,
@@ -42,10 +43,9 @@ from sluice.flower.deploy import (
     submit,
     write_connection,
 )
-from sluice.flower.failure import failure_report, records_of
-from sluice.flower.rounds import DEFAULT_EMPTY_ROUNDS
-from sluice.jobs import Job
-from sluice.runs import new_run_path
+from sluice.runtimes.flower.failure import failure_report, records_of
+from sluice.runtimes.flower.rounds import DEFAULT_EMPTY_ROUNDS
+from sluice.runtimes.jobs import Job
 
 
 @dataclass
@@ -109,8 +109,8 @@ def node_args(specs: list[str], nodes: int) -> dict[int, dict[str, Any]]:
 
 
 def _terminals(job: Job) -> int:
-    """The job's number of terminals (:func:`sluice.flower.engine.terminals`), its task built here."""
-    from sluice.flower.engine import terminals
+    """The job's number of terminals (:func:`sluice.runtimes.flower.engine.terminals`), its task built here."""
+    from sluice.runtimes.flower.engine import terminals
     from sluice.tasks import load_task
 
     cfg = job.config
@@ -272,7 +272,7 @@ def follow(job: Job, out: Path, dep: LocalDeployment, run_id: int, *, console: C
 
 def run_on_flower(job: Job, out: str | None, opts: FlowerOptions, *, console: Console) -> int:
     """Run ``job`` on Flower (see the module docstring); return the exit status of its report."""
-    from sluice.flower.engine import node_data_refusal
+    from sluice.runtimes.flower.engine import node_data_refusal
 
     out_path = (Path(out) if out else new_run_path("run")).resolve()
     if out_path.exists() and any(out_path.iterdir()):
@@ -359,7 +359,7 @@ def _write_flower_counts(out: Path, home: Path, run_id: int, console: Console) -
 
 def _show(report: dict[str, Any], out: Path, console: Console) -> int:
     from sluice.control import TrainingReport
-    from sluice.training import report_table
+    from sluice.runtimes.training import report_table
 
     parsed = TrainingReport.model_validate(report)
     console.print(report_table(parsed, f"Training report — {out}"))

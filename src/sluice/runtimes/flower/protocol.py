@@ -23,12 +23,12 @@ the Sluice byte count) and a few integers beside them:
 
 A run configuration (Flower's ``run_config``) holds the Sluice job as JSON (``sluice-job``), the run
 directory the server writes (``out-dir``), the server's timeouts and how many empty rounds in a row end the
-run (``empty-rounds``, :mod:`sluice.flower.rounds`).
+run (``empty-rounds``, :mod:`sluice.runtimes.flower.rounds`).
 """
 
 from __future__ import annotations
 
-from sluice.flower.rounds import DEFAULT_EMPTY_ROUNDS
+from sluice.runtimes.flower.rounds import DEFAULT_EMPTY_ROUNDS
 
 RECORD, META = "sluice", "sluice-meta"
 STATE_RECORD, STATE_META = "sluice-client", "sluice-client-meta"

@@ -1,4 +1,4 @@
-"""The SuperLink calls of :class:`~sluice.flower.engine.FlowerEngine` and its view of the nodes.
+"""The SuperLink calls of :class:`~sluice.runtimes.flower.engine.FlowerEngine` and its view of the nodes.
 
 :class:`Link` makes every call to the SuperLink through the Flower ``Grid`` with ``link_timeout_s``: a
 SuperLink that does not answer in time, or a call that fails, raises :class:`~sluice.errors.TrainingError` and
@@ -22,8 +22,8 @@ from collections.abc import Callable
 from typing import Any
 
 from sluice.errors import TrainingError
-from sluice.flower import protocol as P
-from sluice.flower.rounds import error_text, unavailable
+from sluice.runtimes.flower import protocol as P
+from sluice.runtimes.flower.rounds import error_text, unavailable
 
 SHOWN = 5
 """Silent nodes an error names one by one (the others are counted)."""

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sluice.jobs import Job
+from sluice.runtimes.jobs import Job
 
 
 def failure_report(job: Job, out: Path, detail: str) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Rounds in which no node answered: they train nothing, and a few of them in a row end the run.
 
-A round of :class:`~sluice.flower.engine.FlowerEngine` is *empty* when none of the nodes it sent a message to
+A round of :class:`~sluice.runtimes.flower.engine.FlowerEngine` is *empty* when none of the nodes it sent a message to
 replied with an upload or a simulated failure: each was silent past the round's deadline or answered with an
 error, or no node serves any terminal of the federation any more. An empty round closes nothing and is not an
 iteration: the server's model, round and sampling stay as they were, and the round is sent again to the
@@ -29,7 +29,7 @@ from sluice.errors import TrainingError
 DEFAULT_EMPTY_ROUNDS = 3
 """Empty rounds in a row that end a run (``sluice run --empty-rounds``, ``empty_rounds`` of a federation)."""
 
-_log = logging.getLogger("sluice.flower")
+_log = logging.getLogger("sluice.runtimes.flower")
 
 
 @dataclass

@@ -25,8 +25,8 @@ def run_task(task: Task, config: dict[str, Any] | str | Path | None = None, *, e
              console: Console | None = None) -> int:
     """Train ``task`` under a job of ``config`` (a dict of sections or a TOML file; ``overrides`` as ``--set``
     takes them) and write the run directory ``out``; return the exit status (0 when training succeeded)."""
-    from sluice.jobs import job_from_dict
-    from sluice.training import train_hfl, train_local
+    from sluice.runtimes.jobs import job_from_dict
+    from sluice.runtimes.training import train_hfl, train_local
 
     if not isinstance(task, Task):
         raise ConfigError(f"run_task trains a sluice.Task, got {type(task).__name__}")

@@ -7,7 +7,7 @@ unless ``tls=False``), starts ``flower-superlink`` (runtime dependency installat
 its log in the directory, and stops every process it started, with their descendants, in :meth:`stop`
 (also when used as a context manager that exits on an error or Ctrl-C).
 
-:func:`submit` writes the Flower App (a ``pyproject.toml`` naming :mod:`sluice.flower.app`) and the run
+:func:`submit` writes the Flower App (a ``pyproject.toml`` naming :mod:`sluice.runtimes.flower.app`) and the run
 configuration (the job as JSON, the run directory, the timeouts) and starts the run with ``flwr run``;
 :func:`watch` follows the run directory the ServerApp writes until its report is there.
 """
@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from sluice.errors import SluiceError
-from sluice.flower import protocol as P
-from sluice.flower.certs import CertFiles, make_certificates
+from sluice.runtimes.flower import protocol as P
+from sluice.runtimes.flower.certs import CertFiles, make_certificates
 
 FLOWER_VERSION = "1.41.0"
 
@@ -270,7 +270,8 @@ def write_app(directory: Path) -> Path:
                     "description": "Sluice horizontal FL: compressed traffic both ways, under a control plane"},
         "tool": {"flwr": {"app": {
             "publisher": "sluice",
-            "components": {"serverapp": "sluice.flower.app:server_app", "clientapp": "sluice.flower.app:client_app"},
+            "components": {"serverapp": "sluice.runtimes.flower.app:server_app",
+                           "clientapp": "sluice.runtimes.flower.app:client_app"},
             "config": dict(P.RUN_CONFIG_DEFAULTS),
         }}},
     }

@@ -30,7 +30,7 @@ from sluice.runs import History, RunDir
 if TYPE_CHECKING:
     from sluice.control import TrainingProcess, TrainingReport
     from sluice.engine import Engine
-    from sluice.jobs import Job
+    from sluice.runtimes.jobs import Job
 
 Summarize = Callable[["History", "Engine", float], dict[str, Any]]
 Plot = Callable[[list[dict[str, Any]], Path], None]
@@ -292,7 +292,7 @@ def _describe_hfl(engine: Any) -> str:
 
 def train_hfl(job: Any, out: str | None, console: Console) -> int:
     """Train an ``hfl`` job in the simulator into run directory ``out``; the exit status."""
-    from sluice.plots import plot_accuracy, plot_metrics
+    from sluice.runtimes.plots import plot_accuracy, plot_metrics
 
     engine = job.build()
 
@@ -311,7 +311,7 @@ def train_local(job: Any, out: str | None, console: Console) -> int:
 
     def plot(records: list[dict[str, Any]], run_dir: Path) -> None:
         """A scenario's type-specific errors against the iteration (nothing for the embedded datasets)."""
-        from sluice.plots import plot_metrics
+        from sluice.runtimes.plots import plot_metrics
 
         plot_metrics(records, run_dir, list(engine.metric_fns), key="iteration", bytes_axis=False)
 

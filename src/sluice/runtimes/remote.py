@@ -77,7 +77,7 @@ def _build(spec: dict[str, Any], send: _Sender, engine: Any = None) -> tuple[Any
     """The engine and the :class:`~sluice.control.TrainingProcess` of ``spec``, reporting through ``send``."""
     from sluice.control import ProcessHooks, ProcessOptions, ResourceSampler, TrainingProcess
     from sluice.control.params import parse_requirements, parse_termination
-    from sluice.jobs import job_from_dict
+    from sluice.runtimes.jobs import job_from_dict
 
     job = job_from_dict(spec["kind"], spec["raw"])
     engine = job.build() if engine is None else engine

@@ -9,10 +9,10 @@ For a job on one, the service's worker calls :func:`relay` instead of training i
    requirements on the amount of training data (the nodes hold it);
 2. it listens on ``control_host`` (a free port, an authentication key made for this run) and submits the job
    to the SuperLink with that address and key in the run configuration (``sluice-control``, ``sluice-key``);
-3. the ServerApp (:mod:`sluice.flower.app`) connects back, receives the worker spec (the agreed termination
+3. the ServerApp (:mod:`sluice.runtimes.flower.app`) connects back, receives the worker spec (the agreed termination
    parameters and requirements, and the checkpoint to resume from) and trains under
-   :func:`sluice.remote.run_steered` over a :class:`~sluice.flower.engine.FlowerEngine`: the same control
-   plane, messages and checkpoints as a worker of the simulator;
+   :func:`sluice.runtimes.remote.run_steered` over a :class:`~sluice.runtimes.flower.engine.FlowerEngine`: the same
+   control plane, messages and checkpoints as a worker of the simulator;
 4. from then on the worker passes every message on, both ways, unchanged.
 
 A run the SuperLink does not start within ``start_timeout_s`` fails with the reason Flower gives; a
@@ -39,7 +39,7 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from sluice.flower.rounds import DEFAULT_EMPTY_ROUNDS
+from sluice.runtimes.flower.rounds import DEFAULT_EMPTY_ROUNDS
 from sluice.schema import Section
 
 
@@ -147,9 +147,9 @@ def relay(spec: dict[str, Any], conn: Connection) -> None:
     the worker protocol between the service (``conn``) and the Flower run (see the module docstring)."""
     import os
 
-    from sluice.flower.deploy import DeploymentError, submit, write_connection
-    from sluice.flower.engine import node_data_refusal
-    from sluice.jobs import job_from_dict
+    from sluice.runtimes.flower.deploy import DeploymentError, submit, write_connection
+    from sluice.runtimes.flower.engine import node_data_refusal
+    from sluice.runtimes.jobs import job_from_dict
 
     name = spec["federation"]["name"]
     if spec["federation"]["config"] is None:
@@ -188,7 +188,7 @@ def _await_app(listener: Listener, fed: FederationConfig, home: Path, run_id: in
     """The ServerApp's connection once it connects, and the service's commands that came meanwhile; no
     connection (the failure sent) when the run did not start in time or ended first, or the service went
     away (the run is stopped)."""
-    from sluice.flower.deploy import run_status, stop_run
+    from sluice.runtimes.flower.deploy import run_status, stop_run
 
     got: list[Connection] = []
     waiting: list[dict[str, Any]] = []

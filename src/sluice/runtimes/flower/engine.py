@@ -5,7 +5,7 @@ the same way (``numpy.random.default_rng(seed)``: ``choice`` of ``m = max(1, rou
 ``m`` uniform draws for simulated failures), so a deployment whose nodes all answer gives, round by round,
 the accuracy and the Sluice bytes of ``sluice run``. Only the transport differs: each sampled terminal's
 downlink message goes to the Flower node whose ``partition-id`` is that terminal, in its own Flower
-message, and the uploads come back as replies (:mod:`sluice.flower.protocol`). With
+message, and the uploads come back as replies (:mod:`sluice.runtimes.flower.protocol`). With
 ``compression.up_by_weight`` the k/d of each upload follows the sample counts the nodes report (those of
 the server's copy of the partition until a node has answered).
 
@@ -18,7 +18,7 @@ Faults:
   iteration, it is sent again to the same terminals, and ``empty_rounds`` of them in a row end the run with a
   :class:`sluice.errors.TrainingError` (``ENGINE_FAILURE``) naming each node and its last error or the
   round's timeout. The first round's first sending waits longer by the ClientApp start-up the nodes
-  measured, up to half the timeout (:mod:`sluice.flower.rounds`);
+  measured, up to half the timeout (:mod:`sluice.runtimes.flower.rounds`);
 * a node the server has not seen yet is asked which terminal it serves and which rounds of the model and
   anchor it holds; a node that holds other rounds than the server sent (it restarted with an empty state)
   gets a dense message (and, in anchor mode, the dense anchor) the next time its terminal is sampled. Those
@@ -49,14 +49,14 @@ import torch
 
 from sluice.engine import ClientRound, Suspendable
 from sluice.errors import ConfigError, DataError, TaskError
-from sluice.flower import protocol as P
-from sluice.flower.nodes import Link, Nodes
-from sluice.flower.rounds import DEFAULT_EMPTY_ROUNDS, Silence, Try, silent_reason
 from sluice.hfl.config import HFLConfig
 from sluice.hfl.learner import Learner
 from sluice.hfl.rounds import Exchanged, ServerModel, client_metrics
 from sluice.hfl.server import Server
 from sluice.metrics import MetricSpec
+from sluice.runtimes.flower import protocol as P
+from sluice.runtimes.flower.nodes import Link, Nodes
+from sluice.runtimes.flower.rounds import DEFAULT_EMPTY_ROUNDS, Silence, Try, silent_reason
 from sluice.tasks import client_datasets, load_task
 from sluice.tasks.resolve import Federation
 from sluice.wire.state import field, pack, unpack
@@ -91,7 +91,7 @@ def _uint8(buf: bytes) -> Any:
 class FlowerEngine(ServerModel, Suspendable):
     """Implements :class:`sluice.engine.Engine` over a Flower ``Grid``; one iteration is one round. ``link``
     makes the calls to the SuperLink; ``nodes`` (built by :meth:`start`) knows which node serves which terminal
-    and what each terminal holds (:mod:`sluice.flower.nodes`)."""
+    and what each terminal holds (:mod:`sluice.runtimes.flower.nodes`)."""
 
     nodes: Nodes
 
@@ -224,7 +224,7 @@ class FlowerEngine(ServerModel, Suspendable):
 
     def _exchange(self, rnd: int, sampled_: np.ndarray, failed_: np.ndarray) -> Exchanged:
         """Round ``rnd`` over the grid: an empty round (no node answered) is not an iteration, it is sent again
-        to the same terminals (:mod:`sluice.flower.rounds`)."""
+        to the same terminals (:mod:`sluice.runtimes.flower.rounds`)."""
         sampled, failed = sampled_.tolist(), failed_.tolist()
         spent = [0, 0]  # Sluice's and Flower's bytes down of the round's empty tries
         while True:
