@@ -214,18 +214,6 @@ class HFLEngine(ServerModel, Suspendable):
             self.data.add(c, X, y)
 
     # -- requirements -----------------------------------------------------------------------------
-    @property
-    def default_iterations(self) -> int:
-        """``train.rounds``: the round limit when the termination parameters give none (the engine itself
-        never stops there)."""
-        return self.cfg.train.rounds
-
-    @property
-    def num_layers(self) -> int:
-        """Layers of the model that hold parameters (:func:`sluice.models.layers`)."""
-        self.start()
-        return self.learner.num_layers
-
     def set_trainable_layers(self, layers: int) -> None:
         """Every client trains only the last ``layers`` layers; the earlier ones stay frozen in local
         training (their update is exactly zero, so the server never moves them)."""

@@ -150,3 +150,15 @@ class ServerModel:
     def num_params(self) -> int:
         self.start()
         return num_params(self.learner.model)
+
+    @property
+    def default_iterations(self) -> int:
+        """``train.rounds``: the round limit when the termination parameters give none (the engine itself
+        never stops there)."""
+        return self.cfg.train.rounds
+
+    @property
+    def num_layers(self) -> int:
+        """Layers of the model that hold parameters (:func:`sluice.models.layers`)."""
+        self.start()
+        return self.learner.num_layers

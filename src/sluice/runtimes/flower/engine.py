@@ -159,15 +159,6 @@ class FlowerEngine(ServerModel, Suspendable):
 
     counts_bytes = True
 
-    @property
-    def default_iterations(self) -> int:
-        return self.cfg.train.rounds
-
-    @property
-    def num_layers(self) -> int:
-        self.start()
-        return self.learner.num_layers
-
     def set_trainable_layers(self, layers: int) -> None:
         """Every terminal trains only the last ``layers`` layers (sent with each message)."""
         if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= self.num_layers:
