@@ -147,9 +147,9 @@ def user_uplink(cfg: Any) -> Compressor:
 
     ref = cfg.uplink
     try:
-        fn = import_factory(ref)
+        fn = import_factory(ref, "compression.uplink")
     except TaskError as exc:
-        raise ConfigError(_one_line(str(exc).replace("task factory", "compression.uplink", 1))) from None
+        raise ConfigError(_one_line(str(exc))) from None
     try:
         made = fn(cfg)
     except Exception as exc:  # the user's function: any failure is the configuration's

@@ -69,17 +69,18 @@ class SplitTaskConfig(TaskConfig):
                                 "on this party's host")
 
 
-def import_factory(ref: str) -> Callable[..., Any]:
-    """The function ``package.module:function``; :class:`TaskError` naming what could not be imported."""
+def import_factory(ref: str, what: str = "task factory") -> Callable[..., Any]:
+    """The function ``package.module:function``; :class:`TaskError` naming ``what`` it is for and what could not
+    be imported."""
     module, _, name = ref.partition(":")
     try:
         fn = getattr(importlib.import_module(module), name)
     except ImportError as exc:
-        raise TaskError(f"task factory {ref!r}: cannot import {module!r}: {exc}") from None
+        raise TaskError(f"{what} {ref!r}: cannot import {module!r}: {exc}") from None
     except AttributeError:
-        raise TaskError(f"task factory {ref!r}: module {module!r} has no {name!r}") from None
+        raise TaskError(f"{what} {ref!r}: module {module!r} has no {name!r}") from None
     if not callable(fn):
-        raise TaskError(f"task factory {ref!r} is a {type(fn).__name__}, not a function")
+        raise TaskError(f"{what} {ref!r} is a {type(fn).__name__}, not a function")
     return fn
 
 
